@@ -1,0 +1,1 @@
+"""Conformance sweeps for the torchneuron_lab device (see opinfo_sweep.py)."""

@@ -1,0 +1,547 @@
+"""Tests for torchneuron_lab.tracing (events, Chrome trace, summaries) and device profiles.
+
+Everything is driven by a synthetic recorder column dict, so exact numbers can be asserted.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import gzip
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from torchneuron_lab.device.profiles import (
+    DEFAULT_PROFILE_NAME,
+    PROFILES,
+    annotate_estimates,
+    default_profile,
+    estimate_ns,
+    get_profile,
+    list_profiles,
+)
+from torchneuron_lab.tracing import (
+    KernelEvent,
+    StackFrame,
+    Trace,
+    chrome_trace_problems,
+    events_from_columns,
+    events_to_columns,
+    idle_gaps,
+    lane_utilization,
+    new_signatures,
+    summarize,
+    sync_events,
+    time_by_engine,
+    to_chrome_trace,
+    to_dataframe,
+    top_kernels,
+    transfers,
+    validate_chrome_trace,
+    write_chrome_trace,
+)
+
+BASE = 1_000_000_000  # steady-clock origin of the synthetic recording
+GiB = 1024**3
+FRAME = {"filename": "<ipython-input-3>", "line": 2, "name": "<module>"}
+
+# seq, kind, name, device, engine, start, end, read, written, flops, new_sig, shapes, dtypes, direction
+ROWS: list[tuple[Any, ...]] = [
+    (0, "kernel", "aten::mm", 0, "tensor", 1000, 3000, 2048, 1024, 1_000_000, True,
+     "[16, 16], [16, 16]", "float32, float32", ""),
+    (1, "dma", "aten::_copy_from", 0, "dma", 0, 500, 4096, 4096, 0, False, "[32, 32]", "float32", "h2d"),
+    (2, "kernel", "aten::add.Tensor", 0, "vector", 3500, 4000, 2048, 1024, 256, True,
+     "[16, 16], [16, 16]", "float32, float32", ""),
+    (3, "kernel", "aten::mm", 0, "tensor", 5000, 6000, 2048, 1024, 1_000_000, False,
+     "[16, 16], [16, 16]", "float32, float32", ""),
+    (4, "sync", "aten::item", 0, "host", 6000, 6400, 4, 0, 0, False, "[]", "float32", ""),
+    (5, "dma", "aten::_copy_from", 0, "dma", 6100, 6300, 4, 4, 0, False, "[]", "float32", "d2h"),
+    (6, "kernel", "aten::relu", 0, "vector", 3800, 4200, 1024, 1024, 0, False, "[16, 16]", "float32", ""),
+    (7, "kernel", "aten::mm", 1, "tensor", 2000, 2500, 2048, 1024, 1_000_000, True,
+     "[16, 16], [16, 16]", "bfloat16, bfloat16", ""),
+    (8, "marker", "step", 1, "host", 7000, 7000, 0, 0, 0, False, "", "", ""),
+]
+
+
+def make_columns() -> dict[str, list[Any]]:
+    """The recorder's column dict (notes/api.md) for ROWS, times offset by BASE."""
+    names = ["seq", "kind", "name", "device", "engine", "start_ns", "end_ns", "bytes_read", "bytes_written",
+             "flops", "new_signature", "shapes", "dtypes", "direction"]
+    cols: dict[str, list[Any]] = {n: [] for n in names}
+    for row in ROWS:
+        for col, v in zip(names, row):
+            cols[col].append(v + BASE if col in ("start_ns", "end_ns") else v)
+    count = len(ROWS)
+    cols["subgraph"] = [-1] * count
+    cols["thread"] = [7] * count
+    cols["stack"] = [[FRAME] if seq == 0 else [] for seq in range(count)]
+    return cols
+
+
+@pytest.fixture
+def events() -> list[KernelEvent]:
+    evs = events_from_columns(make_columns())
+    # the extension layer fills `source` for the sync; emulate it
+    return [dataclasses.replace(e, source="cell [3], line 2") if e.seq == 4 else e for e in evs]
+
+
+@pytest.fixture
+def trace(events: list[KernelEvent]) -> Trace:
+    return Trace(events, profile="trn2", dropped=3, metadata={"cell": 3})
+
+
+# --------------------------------------------------------------------------------------------------
+# layering
+# --------------------------------------------------------------------------------------------------
+def test_tracing_imports_no_torch_pandas_numpy_and_no_other_layer() -> None:
+    code = (
+        "import sys, torchneuron_lab.tracing\n"
+        "bad = [m for m in ('torch', 'pandas', 'numpy', 'plotly', 'IPython') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+    tracing_dir = Path(__file__).resolve().parents[1] / "torchneuron_lab" / "tracing"
+    for py in tracing_dir.glob("*.py"):
+        for node in ast.walk(ast.parse(py.read_text())):
+            mods = []
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [node.module]
+            for m in mods:
+                if m.startswith("torchneuron_lab"):
+                    assert m.startswith("torchneuron_lab.tracing"), f"{py.name} imports {m}"
+
+
+# --------------------------------------------------------------------------------------------------
+# events
+# --------------------------------------------------------------------------------------------------
+def test_events_from_columns_fields(events: list[KernelEvent]) -> None:
+    assert len(events) == 9
+    mm = events[0]
+    assert (mm.seq, mm.kind, mm.name, mm.device, mm.engine) == (0, "kernel", "aten::mm", 0, "tensor")
+    assert (mm.start_ns, mm.end_ns, mm.dur_ns) == (BASE + 1000, BASE + 3000, 2000)
+    assert (mm.bytes_read, mm.bytes_written, mm.bytes_total, mm.flops) == (2048, 1024, 3072, 1_000_000)
+    assert mm.new_signature is True and mm.subgraph == -1 and not mm.is_compiled and mm.thread == 7
+    assert mm.shape_list == [(16, 16), (16, 16)]
+    assert mm.dtype_list == ["float32", "float32"]
+    assert mm.stack == (StackFrame("<ipython-input-3>", 2, "<module>"),)
+    assert mm.location == "<ipython-input-3>:2 in <module>"
+    assert mm.device_name == "neuron:0" and events[7].device_name == "neuron:1"
+    assert mm.est_ns is None and mm.source is None
+    assert events[4].shape_list == [()] and events[8].shape_list == []
+    assert events[4].location == "cell [3], line 2"  # source wins over stack
+    assert events[1].direction == "h2d"
+
+
+def test_events_columns_round_trip() -> None:
+    cols = make_columns()
+    back = events_to_columns(events_from_columns(cols))
+    for name, values in cols.items():
+        assert back[name] == values, name
+    assert back["est_ns"] == [None] * 9 and back["source"] == [None] * 9
+
+
+def test_events_from_columns_optional_columns_and_defaults() -> None:
+    cols: dict[str, list[Any]] = {"kind": ["kernel"], "name": ["aten::neg"], "device": [0], "engine": ["vector"],
+            "start_ns": [10], "end_ns": [25], "est_ns": [12.5], "source": ["cell [1], line 1"],
+            "future_column": ["ignored"]}
+    (ev,) = events_from_columns(cols)
+    assert ev.seq == 0 and ev.flops == 0 and ev.subgraph == -1 and ev.stack == ()
+    assert ev.est_ns == 12.5 and ev.source == "cell [1], line 1"
+    assert events_from_columns({c: [] for c in ("kind", "name", "device", "engine", "start_ns", "end_ns")}) == []
+
+
+def test_events_from_columns_errors() -> None:
+    cols = make_columns()
+    del cols["engine"]
+    with pytest.raises(ValueError, match="missing: engine"):
+        events_from_columns(cols)
+    cols = make_columns()
+    cols["flops"] = cols["flops"][:-1]
+    with pytest.raises(ValueError, match="different lengths"):
+        events_from_columns(cols)
+    with pytest.raises(TypeError):
+        events_from_columns([1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="before start_ns"):
+        KernelEvent(seq=5, kind="kernel", name="x", device=0, engine="vector", start_ns=10, end_ns=9)
+
+
+def test_to_dataframe(events: list[KernelEvent]) -> None:
+    pytest.importorskip("pandas")
+    df = to_dataframe(events)
+    assert len(df) == 9
+    assert list(df.columns[:8]) == ["seq", "kind", "name", "device", "engine", "start_ns", "end_ns", "dur_ns"]
+    assert df["dur_ns"].tolist() == [2000, 500, 500, 1000, 400, 200, 400, 500, 0]
+    assert df.loc[0, "bytes_total"] == 3072
+    assert df.loc[4, "location"] == "cell [3], line 2"
+    assert df.groupby("engine")["dur_ns"].sum().to_dict() == {
+        "dma": 700, "host": 400, "tensor": 3500, "vector": 900
+    }
+    assert len(to_dataframe([]).columns) == len(df.columns)
+
+
+def test_trace_container_and_filters(trace: Trace) -> None:
+    assert len(trace) == 9 and trace[0].name == "aten::mm"
+    assert (trace.start_ns, trace.end_ns, trace.span_ns) == (BASE, BASE + 7000, 7000)
+    assert trace.devices == [0, 1]
+    assert trace.engines == ["tensor", "vector", "dma", "host"]
+    assert trace.info() == {"profile": "trn2", "dropped": 3, "num_events": 9, "cell": 3}
+
+    assert [e.seq for e in trace.by_kind("kernel")] == [0, 2, 3, 6, 7]
+    assert [e.seq for e in trace.kernels()] == [0, 2, 3, 6, 7]
+    assert [e.seq for e in trace.transfers()] == [1, 5]
+    assert [e.seq for e in trace.syncs()] == [4]
+    assert [e.seq for e in trace.by_device("neuron:1")] == [7, 8]
+    assert [e.seq for e in trace.by_device(1)] == [7, 8]
+    assert [e.seq for e in trace.by_engine(["tensor", "vector"])] == [0, 2, 3, 6, 7]
+    assert [e.seq for e in trace.filter(kind="kernel", device=0, engine="tensor")] == [0, 3]
+    assert [e.seq for e in trace.filter(name="aten::mm")] == [0, 3, 7]
+    # half-open window [3000, 5000): mm ending at 3000 and mm starting at 5000 are out
+    assert [e.seq for e in trace.window(BASE + 3000, BASE + 5000)] == [2, 6]
+    assert [e.seq for e in trace.window(BASE + 7000, None)] == [8]  # instant marker at the bound
+    assert [e.seq for e in trace.window(None, BASE + 500)] == [1]
+    sub = trace.by_kind("dma")
+    assert sub.profile == "trn2" and sub.dropped == 3 and sub.metadata == {"cell": 3}
+    assert len(Trace.from_columns(make_columns(), profile="trn1", dropped=1)) == 9
+
+
+def test_trace_filter_errors(trace: Trace) -> None:
+    with pytest.raises(ValueError, match="unknown kind 'kernal'"):
+        trace.by_kind("kernal")
+    with pytest.raises(ValueError, match="unknown engine"):
+        trace.by_engine("tensorr")
+    with pytest.raises(ValueError, match="neuron:N"):
+        trace.by_device("cuda:0")
+    with pytest.raises(ValueError, match="before it starts"):
+        trace.window(10, 5)
+    with pytest.raises(ValueError, match="empty"):
+        trace.by_kind([])
+
+
+# --------------------------------------------------------------------------------------------------
+# chrome trace
+# --------------------------------------------------------------------------------------------------
+def test_chrome_trace_structure(trace: Trace) -> None:
+    ct = to_chrome_trace(trace)
+    validate_chrome_trace(ct)
+    assert ct["displayTimeUnit"] == "ns"
+    other = ct["otherData"]
+    assert other["profile"] == "trn2" and other["dropped"] == 3 and other["t0_ns"] == BASE and other["cell"] == 3
+
+    evs = ct["traceEvents"]
+    meta = [e for e in evs if e["ph"] == "M"]
+    procs = {e["pid"]: e["args"]["name"] for e in meta if e["name"] == "process_name"}
+    assert procs == {0: "neuron:0", 1: "neuron:1"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+    assert threads == {(0, 1): "tensor", (0, 2): "vector", (0, 5): "dma", (0, 6): "host",
+                       (1, 1): "tensor", (1, 6): "host"}
+
+    complete = [e for e in evs if e["ph"] == "X"]
+    instants = [e for e in evs if e["ph"] == "i"]
+    assert len(complete) == 7 and len(instants) == 2
+    mm = next(e for e in complete if e["args"]["seq"] == 0)
+    assert (mm["name"], mm["pid"], mm["tid"], mm["ts"], mm["dur"]) == ("aten::mm", 0, 1, 1.0, 2.0)
+    assert mm["cat"] == "kernel,new_signature"
+    assert mm["args"]["shapes"] == "[16, 16], [16, 16]"
+    assert mm["args"]["bytes_read"] == 2048 and mm["args"]["flops"] == 1_000_000
+    assert mm["args"]["source"] == "<ipython-input-3>:2 in <module>"
+    assert "estimate_us" not in mm["args"]
+    h2d = next(e for e in complete if e["args"]["seq"] == 1)
+    assert (h2d["tid"], h2d["ts"], h2d["dur"], h2d["args"]["direction"]) == (5, 0.0, 0.5, "h2d")
+    sync = next(e for e in instants if e["args"]["seq"] == 4)
+    assert (sync["name"], sync["s"], sync["ts"], sync["tid"]) == ("aten::item", "t", 6.0, 6)
+    assert sync["args"]["wait_us"] == 0.4 and sync["args"]["source"] == "cell [3], line 2"
+    # events are in time order after the metadata
+    ts = [e["ts"] for e in evs if e["ph"] != "M"]
+    assert ts == sorted(ts)
+
+
+def test_chrome_trace_absolute_times_estimates_and_oom(events: list[KernelEvent]) -> None:
+    annotated = annotate_estimates(events, "trn2")
+    oom = KernelEvent(seq=9, kind="oom", name="OutOfMemoryError", device=0, engine="host",
+                      start_ns=BASE + 8000, end_ns=BASE + 8000)
+    ct = to_chrome_trace([*annotated, oom], {"profile": "trn2"}, relative=False)
+    validate_chrome_trace(ct)
+    mm = next(e for e in ct["traceEvents"] if e["ph"] == "X" and e["args"]["seq"] == 0)
+    assert mm["ts"] == (BASE + 1000) / 1000
+    assert annotated[0].est_ns is not None
+    assert mm["args"]["estimate_us"] == pytest.approx(annotated[0].est_ns / 1000, rel=1e-12)
+    assert "ESTIMATE" in mm["args"]["estimate_note"] and "trn2" in mm["args"]["estimate_note"]
+    oom_ev = next(e for e in ct["traceEvents"] if e.get("cat") == "oom")
+    assert (oom_ev["ph"], oom_ev["s"]) == ("i", "p")
+
+
+def test_chrome_trace_empty_is_valid() -> None:
+    ct = to_chrome_trace([])
+    validate_chrome_trace(ct)
+    assert ct["traceEvents"] == []
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda t: t.pop("traceEvents"), "missing key 'traceEvents'"),
+        (lambda t: t.__setitem__("traceEvents", {}), "must be a list"),
+        (lambda t: t.__setitem__("displayTimeUnit", "us"), "displayTimeUnit"),
+        (lambda t: _first(t, "X").__setitem__("dur", -1.0), "'dur' must be >= 0"),
+        (lambda t: _first(t, "X").pop("dur"), "needs a finite number 'dur'"),
+        (lambda t: _first(t, "X").__setitem__("ts", float("nan")), "'ts' must be a finite number"),
+        (lambda t: _first(t, "X").__setitem__("ts", "0"), "'ts' must be a finite number"),
+        (lambda t: _first(t, "X").__setitem__("ph", "Q"), "'ph' must be one of"),
+        (lambda t: _first(t, "X").__setitem__("pid", None), "'pid' must be"),
+        (lambda t: _first(t, "X").pop("tid"), "'tid' must be"),
+        (lambda t: _first(t, "X").__setitem__("name", 3), "'name' must be a string"),
+        (lambda t: _first(t, "X").__setitem__("args", [1]), "'args' must be an object"),
+        (lambda t: _first(t, "i").__setitem__("s", "x"), "instant scope"),
+        (lambda t: _first(t, "M").__setitem__("name", "proc_name"), "metadata event name"),
+        (lambda t: _first(t, "M").__setitem__("args", {}), "needs args.name"),
+        (lambda t: _first(t, "X")["args"].__setitem__("obj", object()), "not JSON-serialisable"),
+    ],
+)
+def test_validate_chrome_trace_rejects_invalid(trace: Trace, mutate: Any, message: str) -> None:
+    ct = to_chrome_trace(trace)
+    mutate(ct)
+    with pytest.raises(ValueError, match="invalid Chrome trace") as info:
+        validate_chrome_trace(ct)
+    assert message in str(info.value)
+
+
+def _first(ct: dict[str, Any], ph: str) -> dict[str, Any]:
+    return next(e for e in ct["traceEvents"] if e["ph"] == ph)
+
+
+def test_validate_chrome_trace_other_containers() -> None:
+    assert chrome_trace_problems([{"ph": "X", "name": "a", "pid": 0, "tid": 0, "ts": 0, "dur": 1}]) == []
+    assert chrome_trace_problems("trace") == ["a trace must be an object or a list of events, got str"]
+    # process-scoped instants and process metadata need no tid
+    assert chrome_trace_problems({"traceEvents": [
+        {"ph": "i", "s": "p", "name": "oom", "pid": 0, "ts": 1},
+        {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "neuron:0"}},
+    ]}) == []
+
+
+def test_write_chrome_trace(tmp_path: Path, trace: Trace) -> None:
+    p = write_chrome_trace(tmp_path / "trace.json", trace)
+    loaded = json.loads(p.read_text())
+    validate_chrome_trace(loaded)
+    assert loaded == json.loads(json.dumps(to_chrome_trace(trace)))
+    pz = write_chrome_trace(tmp_path / "trace.json.gz", trace.events, {"profile": "trn1"})
+    with gzip.open(pz, "rt") as fh:
+        loaded_gz = json.load(fh)
+    validate_chrome_trace(loaded_gz)
+    assert loaded_gz["otherData"]["profile"] == "trn1"
+
+
+# --------------------------------------------------------------------------------------------------
+# summaries
+# --------------------------------------------------------------------------------------------------
+def test_time_by_engine(events: list[KernelEvent]) -> None:
+    got = time_by_engine(events)
+    assert list(got) == ["tensor", "vector", "dma"]
+    assert got["tensor"] == {"count": 3, "total_ns": 3500, "busy_ns": 3500, "share": 3500 / 5100}
+    # add [3500,4000) and relu [3800,4200) overlap: busy counts the union once
+    assert got["vector"] == {"count": 2, "total_ns": 900, "busy_ns": 700, "share": 900 / 5100}
+    assert got["dma"] == {"count": 2, "total_ns": 700, "busy_ns": 700, "share": 700 / 5100}
+    assert time_by_engine(events, device=1) == {
+        "tensor": {"count": 1, "total_ns": 500, "busy_ns": 500, "share": 1.0}
+    }
+    assert time_by_engine(events, kinds=None)["host"] == {
+        "count": 2, "total_ns": 400, "busy_ns": 400, "share": 400 / 5500
+    }
+    assert time_by_engine([]) == {}
+
+
+def test_top_kernels(events: list[KernelEvent]) -> None:
+    rows = top_kernels(events, 2)
+    assert [r["name"] for r in rows] == ["aten::mm", "aten::add.Tensor"]
+    mm = rows[0]
+    assert mm["engine"] == "tensor"
+    assert (mm["count"], mm["total_ns"], mm["min_ns"], mm["max_ns"]) == (3, 3500, 500, 2000)
+    assert mm["mean_ns"] == pytest.approx(3500 / 3)
+    assert mm["share"] == pytest.approx(3500 / 4400)
+    assert (mm["bytes_read"], mm["bytes_written"], mm["bytes"], mm["flops"]) == (6144, 3072, 9216, 3_000_000)
+    assert mm["achieved_bytes_per_s"] == pytest.approx(9216 / 3.5e-6)
+    assert mm["achieved_flops_per_s"] == pytest.approx(3_000_000 / 3.5e-6)
+    assert mm["new_signatures"] == 2
+    assert mm["est_total_ns"] is None
+    assert [r["name"] for r in top_kernels(events, None, by="count")] == [
+        "aten::mm", "aten::add.Tensor", "aten::relu"
+    ]
+    assert top_kernels(events, 0) == []
+    relu = top_kernels(events, None)[-1]
+    assert relu["name"] == "aten::relu" and relu["achieved_flops_per_s"] == 0.0
+    with pytest.raises(ValueError, match="cannot sort kernels by 'speed'"):
+        top_kernels(events, by="speed")
+    with pytest.raises(ValueError, match="k must be"):
+        top_kernels(events, -1)
+
+
+def test_top_kernels_estimate_total(events: list[KernelEvent]) -> None:
+    annotated = annotate_estimates(events, "trn2")
+    mm = top_kernels(annotated, 1)[0]
+    expected = sum(e.est_ns for e in annotated if e.name == "aten::mm")  # type: ignore[misc]
+    assert mm["est_total_ns"] == pytest.approx(expected)
+
+
+def test_sync_events(events: list[KernelEvent]) -> None:
+    assert sync_events(events) == [
+        {"seq": 4, "name": "aten::item", "device": 0, "start_ns": BASE + 6000, "end_ns": BASE + 6400,
+         "wait_ns": 400, "source": "cell [3], line 2", "location": "cell [3], line 2"}
+    ]
+
+
+def test_transfers(events: list[KernelEvent]) -> None:
+    got = transfers(events)
+    assert got == {
+        "h2d": {"count": 1, "bytes": 4096, "total_ns": 500, "bytes_per_s": 4096 / 500e-9},
+        "d2h": {"count": 1, "bytes": 4, "total_ns": 200, "bytes_per_s": 4 / 200e-9},
+        "d2d": {"count": 0, "bytes": 0, "total_ns": 0, "bytes_per_s": None},
+    }
+    odd = KernelEvent(seq=0, kind="dma", name="copy", device=0, engine="dma", start_ns=0, end_ns=10,
+                      bytes_read=8, bytes_written=8)
+    assert transfers([odd])["unknown"] == {"count": 1, "bytes": 8, "total_ns": 10, "bytes_per_s": 8 / 10e-9}
+
+
+def test_new_signatures(events: list[KernelEvent]) -> None:
+    rows = new_signatures(events)
+    assert [(r["seq"], r["name"], r["device"]) for r in rows] == [
+        (0, "aten::mm", 0), (2, "aten::add.Tensor", 0), (7, "aten::mm", 1)
+    ]
+    assert rows[2]["dtypes"] == "bfloat16, bfloat16" and rows[0]["location"] == "<ipython-input-3>:2 in <module>"
+
+
+def test_idle_gaps(events: list[KernelEvent]) -> None:
+    assert idle_gaps(events) == [
+        {"device": 0, "engine": "tensor", "start_ns": BASE + 3000, "end_ns": BASE + 5000, "gap_ns": 2000,
+         "after": "aten::mm", "before": "aten::mm"},
+        {"device": 0, "engine": "dma", "start_ns": BASE + 500, "end_ns": BASE + 6100, "gap_ns": 5600,
+         "after": "aten::_copy_from", "before": "aten::_copy_from"},
+    ]
+    assert [g["gap_ns"] for g in idle_gaps(events, min_gap_ns=3000)] == [5600]
+    with pytest.raises(ValueError):
+        idle_gaps(events, min_gap_ns=-1)
+
+
+def test_idle_gaps_names_the_event_that_ends_last() -> None:
+    def k(seq: int, name: str, s: int, e: int) -> KernelEvent:
+        return KernelEvent(seq=seq, kind="kernel", name=name, device=0, engine="vector", start_ns=s, end_ns=e)
+
+    evs = [k(0, "long", 0, 100), k(1, "short", 10, 20), k(2, "next", 150, 160)]
+    assert idle_gaps(evs) == [{"device": 0, "engine": "vector", "start_ns": 100, "end_ns": 150, "gap_ns": 50,
+                               "after": "long", "before": "next"}]
+
+
+def test_lane_utilization(events: list[KernelEvent]) -> None:
+    rows = lane_utilization(events)
+    assert [(r["device"], r["engine"], r["count"], r["busy_ns"], r["span_ns"], r["idle_ns"]) for r in rows] == [
+        (0, "tensor", 2, 3000, 5000, 2000),
+        (0, "vector", 2, 700, 700, 0),
+        (0, "dma", 2, 700, 6300, 5600),
+        (1, "tensor", 1, 500, 500, 0),
+    ]
+    assert [r["utilization"] for r in rows] == [0.6, 1.0, pytest.approx(700 / 6300), 1.0]
+
+
+def test_summarize_is_json_serialisable(trace: Trace) -> None:
+    s = summarize(trace, k=1)
+    assert s["num_events"] == 9 and s["span_ns"] == 7000
+    assert [r["name"] for r in s["top_kernels"]] == ["aten::mm"]
+    json.dumps(s, allow_nan=False)
+    assert summarize([])["num_events"] == 0
+
+
+# --------------------------------------------------------------------------------------------------
+# device profiles and the roofline estimate
+# --------------------------------------------------------------------------------------------------
+def test_profiles_registry() -> None:
+    assert list_profiles() == ["trn1", "trn2", "trn3"]
+    assert DEFAULT_PROFILE_NAME == "trn2"
+    assert get_profile() is default_profile() is PROFILES["trn2"]
+    assert get_profile(" TRN3 ") is PROFILES["trn3"]
+    assert get_profile(PROFILES["trn1"]) is PROFILES["trn1"]
+    with pytest.raises(ValueError, match="unknown device profile 'trn4'; known profiles: trn1, trn2, trn3"):
+        get_profile("trn4")
+    with pytest.raises(TypeError):
+        get_profile(2)  # type: ignore[arg-type]
+
+
+def test_default_profile_is_one_trn2_logical_core() -> None:
+    p = default_profile()
+    assert (p.chip, p.neuron_core, p.physical_cores_per_logical, p.logical_cores_per_chip) == (
+        "Trainium2", "NeuronCore-v3", 2, 4
+    )
+    assert p.hbm_bytes == 24 * GiB == 96 * GiB // p.logical_cores_per_chip
+    assert p.hbm_bandwidth_bytes_per_s == pytest.approx(2.9e12 / 4)
+    assert p.tensor_bf16_flops == pytest.approx(2 * 79e12)
+    assert p.dma_bandwidth_bytes_per_s == pytest.approx(3.5e12 / 4)
+
+
+@pytest.mark.parametrize("name", ["trn1", "trn2", "trn3"])
+def test_profiles_are_documented(name: str) -> None:
+    p = get_profile(name)
+    assert p.sources and all("awsdocs-neuron" in s for s in p.sources)
+    assert "DERIVED" in p.notes and "GPSIMD" in p.notes
+    assert p.tensor_bf16_flops > p.tensor_fp32_flops > p.scalar_flops > p.gpsimd_flops > 0
+    json.dumps(p.as_dict())
+    # chip HBM = per-logical-core HBM x logical cores
+    assert p.hbm_bytes * p.logical_cores_per_chip == {"trn1": 32, "trn2": 96, "trn3": 144}[name] * GiB
+
+
+def test_estimate_ns_roofline_numbers() -> None:
+    # compute-bound: 1 ms of work at each peak
+    assert estimate_ns("trn2", "tensor", 158e9, 0, "bfloat16") == pytest.approx(1e6)
+    assert estimate_ns("trn2", "tensor", 158e9, 0, "bf16") == pytest.approx(1e6)
+    assert estimate_ns("trn2", "tensor", 45.25e9, 0) == pytest.approx(1e6)  # float32 default
+    assert estimate_ns("trn2", "vector", 2e9, 0) == pytest.approx(1e6)
+    assert estimate_ns("trn2", "scalar", 2.4e9, 0) == pytest.approx(1e6)
+    assert estimate_ns("trn2", "gpsimd", 307.2e6, 0) == pytest.approx(1e6)
+    assert estimate_ns("trn1", "tensor", 92e9, 0, "float16") == pytest.approx(1e6)
+    assert estimate_ns("trn3", "tensor", 40e9, 0, "float32") == pytest.approx(1e6)
+    # memory-bound: 725 MB at 725 GB/s
+    assert estimate_ns(None, "vector", 1, 725e6) == pytest.approx(1e6)
+    # the max of both: 1 ms compute vs 2 ms memory
+    assert estimate_ns("trn2", "tensor", 158e9, 1.45e9, "bfloat16") == pytest.approx(2e6)
+    # dma: bytes / DMA bandwidth, flops ignored
+    assert estimate_ns("trn2", "dma", 10**12, 875e6) == pytest.approx(1e6)
+    assert estimate_ns("trn1", "dma", 0, 500e6) == pytest.approx(1e6)
+    assert estimate_ns("trn2", "vector", 0, 0) == 0.0
+
+
+def test_estimate_ns_accepts_torch_dtypes() -> None:
+    torch = pytest.importorskip("torch")
+    assert estimate_ns("trn2", "tensor", 158e9, 0, torch.bfloat16) == pytest.approx(1e6)
+    assert estimate_ns("trn2", "tensor", 45.25e9, 0, torch.float32) == pytest.approx(1e6)
+    assert estimate_ns("trn2", "tensor", 45.25e9, 0, torch.int64) == pytest.approx(1e6)  # fp32 rate
+
+
+def test_estimate_ns_errors() -> None:
+    with pytest.raises(ValueError, match="unknown engine 'host'; expected one of tensor, vector"):
+        estimate_ns("trn2", "host", 1, 1)
+    with pytest.raises(ValueError, match="flops must be >= 0"):
+        estimate_ns("trn2", "tensor", -1, 0)
+    with pytest.raises(ValueError, match="bytes_moved must be >= 0"):
+        estimate_ns("trn2", "tensor", 0, -1)
+    with pytest.raises(ValueError, match="unknown device profile"):
+        estimate_ns("h100", "tensor", 1, 1)
+
+
+def test_annotate_estimates(events: list[KernelEvent]) -> None:
+    p = get_profile("trn2")
+    out = annotate_estimates(events)
+    assert len(out) == len(events) and events[0].est_ns is None  # inputs untouched
+    mm_fp32 = max(1e6 / p.tensor_fp32_flops, 3072 / p.hbm_bandwidth_bytes_per_s) * 1e9
+    assert out[0].est_ns == pytest.approx(mm_fp32)
+    assert out[0].est_ns == pytest.approx(1e6 / 45.25e12 * 1e9)
+    mm_bf16 = max(1e6 / p.tensor_bf16_flops, 3072 / p.hbm_bandwidth_bytes_per_s) * 1e9
+    assert out[7].est_ns == pytest.approx(mm_bf16)
+    assert out[1].est_ns == pytest.approx(4096 / p.dma_bandwidth_bytes_per_s * 1e9)  # max(read, written)
+    assert out[6].est_ns == pytest.approx(2048 / p.hbm_bandwidth_bytes_per_s * 1e9)  # relu: memory-bound
+    assert out[4].est_ns is None and out[8].est_ns is None  # sync, marker
+    assert all(math.isfinite(e.est_ns) for e in out if e.est_ns is not None)

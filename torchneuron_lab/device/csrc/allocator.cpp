@@ -1,0 +1,518 @@
+// Caching allocator of the emulated NeuronCore's HBM.
+//
+// Device memory is host memory obtained in large segments; segments are split into blocks that are
+// cached and reused (small pool: requests <= 1 MiB carved from 2 MiB segments; large pool: 20 MiB
+// segments for requests < 10 MiB, exact 2 MiB-rounded segments above). A per-device capacity (the
+// device profile's HBM) is enforced on reserved memory; exceeding it raises torch.OutOfMemoryError
+// after releasing cached segments once, and leaves every structure consistent.
+#include "neuron.h"
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <unordered_map>
+
+namespace tnl {
+
+namespace {
+
+constexpr size_t kMinBlockSize = 512;
+constexpr size_t kSmallSize = 1 << 20;
+constexpr size_t kSmallBuffer = 2 << 20;
+constexpr size_t kLargeBuffer = 20 << 20;
+constexpr size_t kMinLargeAlloc = 10 << 20;
+constexpr size_t kRoundLarge = 2 << 20;
+constexpr size_t kSegmentAlign = 4096;
+
+struct Stat {
+  int64_t current = 0, peak = 0, allocated = 0, freed = 0;
+  void update(int64_t amount) {
+    current += amount;
+    if (current > peak) peak = current;
+    if (amount > 0) allocated += amount;
+    if (amount < 0) freed += -amount;
+  }
+  void reset_peak() { peak = current; }
+  void reset_accumulated() { allocated = 0; freed = 0; }
+};
+enum PoolIdx { kAll = 0, kSmallPool = 1, kLargePool = 2 };
+using StatArray = std::array<Stat, 3>;
+
+void update_stat(StatArray& a, bool small, int64_t amount) {
+  a[kAll].update(amount);
+  a[small ? kSmallPool : kLargePool].update(amount);
+}
+
+struct DeviceStats {
+  StatArray allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes, active_bytes,
+      inactive_split_bytes, requested_bytes;
+  int64_t num_alloc_retries = 0, num_ooms = 0, num_device_alloc = 0, num_device_free = 0;
+  Stat oversize_allocations, oversize_segments;
+};
+
+struct Block {
+  int device;
+  size_t size;
+  size_t requested_size = 0;
+  char* ptr;
+  bool small;
+  bool allocated = false;
+  Block* prev = nullptr;
+  Block* next = nullptr;
+  std::shared_ptr<c10::GatheredContext> context;
+  Block(int d, size_t s, char* p, bool sm) : device(d), size(s), ptr(p), small(sm) {}
+  bool is_split() const { return prev != nullptr || next != nullptr; }
+};
+
+struct BlockLess {
+  bool operator()(const Block* a, const Block* b) const {
+    if (a->size != b->size) return a->size < b->size;
+    return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
+  }
+};
+
+struct TraceEntry {
+  std::string action;
+  uintptr_t addr;
+  size_t size;
+  int64_t time_us;
+  std::shared_ptr<c10::GatheredContext> context;
+};
+
+struct OomInfo {
+  bool valid = false;
+  int64_t requested = 0, allocated = 0, reserved = 0, capacity = 0, largest_free_block = 0;
+  int64_t time_ns = 0;
+  std::string message;
+  std::shared_ptr<c10::GatheredContext> context;
+};
+
+std::atomic<bool> g_record_history{false};
+std::atomic<bool> g_record_context{false};
+std::atomic<size_t> g_max_entries{100000};
+std::shared_ptr<c10::GatheredContext> (*g_context_fn)() = nullptr;
+
+void neuron_block_free(void* ctx);
+
+class DeviceAllocator {
+ public:
+  DeviceAllocator(int device, int64_t capacity) : device_(device), capacity_(capacity) {}
+
+  c10::DataPtr allocate(size_t n) {
+    if (n == 0) {
+      return c10::DataPtr(nullptr, nullptr, nullptr, c10::Device(kNeuron, device_));
+    }
+    std::shared_ptr<c10::GatheredContext> ctx;
+    if (g_record_context.load(std::memory_order_relaxed) && g_context_fn) ctx = g_context_fn();
+    std::unique_lock<std::mutex> lock(mu_);
+    const size_t size = round_size(n);
+    const bool small = size <= kSmallSize;
+    Block* block = find_free(small, size);
+    if (block == nullptr) {
+      block = new_segment(small, size, n, ctx, lock);  // throws OutOfMemoryError (lock released)
+    } else if (block->is_split()) {
+      update_stat(stats_.inactive_split, block->small, -1);
+      update_stat(stats_.inactive_split_bytes, block->small, -static_cast<int64_t>(block->size));
+    }
+    maybe_split(block, size);
+    block->allocated = true;
+    block->requested_size = n;
+    block->context = ctx;
+    active_[block->ptr] = block;
+    update_stat(stats_.allocation, block->small, 1);
+    update_stat(stats_.allocated_bytes, block->small, block->size);
+    update_stat(stats_.active, block->small, 1);
+    update_stat(stats_.active_bytes, block->small, block->size);
+    update_stat(stats_.requested_bytes, block->small, n);
+    if (g_record_history.load(std::memory_order_relaxed)) trace("alloc", block->ptr, block->size, ctx);
+    return c10::DataPtr(block->ptr, block, &neuron_block_free, c10::Device(kNeuron, device_));
+  }
+
+  void free(Block* block) {
+    std::shared_ptr<c10::GatheredContext> ctx;
+    if (g_record_history.load(std::memory_order_relaxed) && g_record_context.load() && g_context_fn)
+      ctx = g_context_fn();
+    std::lock_guard<std::mutex> lock(mu_);
+    TORCH_INTERNAL_ASSERT(block->allocated, "neuron allocator: double free");
+    if (g_record_history.load(std::memory_order_relaxed)) {
+      trace("free_requested", block->ptr, block->size, ctx);
+      trace("free_completed", block->ptr, block->size, ctx);
+    }
+    active_.erase(block->ptr);
+    block->allocated = false;
+    update_stat(stats_.allocation, block->small, -1);
+    update_stat(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
+    update_stat(stats_.active, block->small, -1);
+    update_stat(stats_.active_bytes, block->small, -static_cast<int64_t>(block->size));
+    update_stat(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested_size));
+    block->requested_size = 0;
+    block->context.reset();
+    for (Block* nb : {block->prev, block->next}) {
+      if (nb != nullptr && !nb->allocated) {
+        update_stat(stats_.inactive_split, nb->small, -1);
+        update_stat(stats_.inactive_split_bytes, nb->small, -static_cast<int64_t>(nb->size));
+      }
+    }
+    merge(block, block->prev);
+    merge(block, block->next);
+    if (block->is_split()) {
+      update_stat(stats_.inactive_split, block->small, 1);
+      update_stat(stats_.inactive_split_bytes, block->small, block->size);
+    }
+    pool(block->small).insert(block);
+  }
+
+  // Returns cached, wholly free segments to the host. Caller holds no lock.
+  void empty_cache() {
+    std::lock_guard<std::mutex> lock(mu_);
+    release_cached();
+  }
+
+  void stats_into(DeviceStats& out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    out = stats_;
+  }
+  void reset_peak() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (StatArray* a : all_arrays()) for (auto& s : *a) s.reset_peak();
+    stats_.oversize_allocations.reset_peak();
+    stats_.oversize_segments.reset_peak();
+  }
+  void reset_accumulated() {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (StatArray* a : all_arrays()) for (auto& s : *a) s.reset_accumulated();
+    stats_.oversize_allocations.reset_accumulated();
+    stats_.oversize_segments.reset_accumulated();
+    stats_.num_alloc_retries = 0;
+    stats_.num_ooms = 0;
+    stats_.num_device_alloc = 0;
+    stats_.num_device_free = 0;
+  }
+  int64_t reserved() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_.reserved_bytes[kAll].current;
+  }
+  int64_t capacity() const { return capacity_; }
+  bool owns(const void* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = segments_.upper_bound(reinterpret_cast<uintptr_t>(p));
+    if (it == segments_.begin()) return false;
+    --it;
+    return reinterpret_cast<uintptr_t>(p) < it->first + it->second.size_total;
+  }
+
+  // Snapshot support (read under lock, symbolized by the caller).
+  struct SegView {
+    uintptr_t address;
+    size_t total;
+    bool small;
+    struct BlockView {
+      uintptr_t address;
+      size_t size, requested;
+      bool allocated;
+      std::shared_ptr<c10::GatheredContext> ctx;
+    };
+    std::vector<BlockView> blocks;
+  };
+  std::vector<SegView> segments_view() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<SegView> out;
+    for (auto& kv : segments_) {
+      SegView s{kv.first, kv.second.size_total, kv.second.head->small, {}};
+      for (Block* b = kv.second.head; b != nullptr; b = b->next)
+        s.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, b->requested_size, b->allocated,
+                            b->context});
+      out.push_back(std::move(s));
+    }
+    return out;
+  }
+  std::vector<TraceEntry> trace_view() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<TraceEntry> out;
+    const size_t n = trace_.size();
+    for (size_t i = 0; i < n; ++i) out.push_back(trace_[(trace_next_ + i) % n]);
+    return out;
+  }
+  void clear_trace() {
+    std::lock_guard<std::mutex> lock(mu_);
+    trace_.clear();
+    trace_next_ = 0;
+  }
+  OomInfo last_oom() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return last_oom_;
+  }
+
+ private:
+  struct Segment {
+    Block* head;
+    size_t size_total;
+  };
+
+  static size_t round_size(size_t n) {
+    if (n < kMinBlockSize) return kMinBlockSize;
+    return kMinBlockSize * ((n + kMinBlockSize - 1) / kMinBlockSize);
+  }
+  static size_t segment_size(size_t size) {
+    if (size <= kSmallSize) return kSmallBuffer;
+    if (size < kMinLargeAlloc) return kLargeBuffer;
+    return kRoundLarge * ((size + kRoundLarge - 1) / kRoundLarge);
+  }
+  std::set<Block*, BlockLess>& pool(bool small) { return small ? small_free_ : large_free_; }
+  std::vector<StatArray*> all_arrays() {
+    return {&stats_.allocation, &stats_.segment, &stats_.active, &stats_.inactive_split,
+            &stats_.allocated_bytes, &stats_.reserved_bytes, &stats_.active_bytes,
+            &stats_.inactive_split_bytes, &stats_.requested_bytes};
+  }
+
+  Block* find_free(bool small, size_t size) {
+    auto& p = pool(small);
+    Block key(device_, size, nullptr, small);
+    auto it = p.lower_bound(&key);
+    if (it == p.end()) return nullptr;
+    Block* b = *it;
+    // Do not carve a small request out of a huge cached block (keeps fragmentation bounded).
+    if (!small && size < kMinLargeAlloc && b->size >= kMinLargeAlloc * 2) return nullptr;
+    p.erase(it);
+    return b;
+  }
+
+  void maybe_split(Block* block, size_t size) {
+    const size_t remaining = block->size - size;
+    const bool should = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
+    if (!should) return;
+    auto* rest = new Block(device_, remaining, block->ptr + size, block->small);
+    rest->prev = block;
+    rest->next = block->next;
+    if (rest->next) rest->next->prev = rest;
+    block->next = rest;
+    block->size = size;
+    pool(block->small).insert(rest);
+    update_stat(stats_.inactive_split, rest->small, 1);
+    update_stat(stats_.inactive_split_bytes, rest->small, rest->size);
+  }
+
+  void merge(Block* dst, Block* src) {
+    if (src == nullptr || src->allocated) return;
+    pool(src->small).erase(src);
+    if (dst->prev == src) {
+      dst->ptr = src->ptr;
+      dst->prev = src->prev;
+      if (dst->prev) dst->prev->next = dst;
+      auto it = segments_.find(reinterpret_cast<uintptr_t>(src->ptr));
+      if (it != segments_.end()) it->second.head = dst;
+    } else {
+      dst->next = src->next;
+      if (dst->next) dst->next->prev = dst;
+    }
+    dst->size += src->size;
+    delete src;
+  }
+
+  void release_cached() {
+    for (auto it = segments_.begin(); it != segments_.end();) {
+      Block* head = it->second.head;
+      if (!head->allocated && head->next == nullptr) {
+        pool(head->small).erase(head);
+        const size_t sz = it->second.size_total;
+        update_stat(stats_.segment, head->small, -1);
+        update_stat(stats_.reserved_bytes, head->small, -static_cast<int64_t>(sz));
+        stats_.num_device_free++;
+        if (g_record_history.load(std::memory_order_relaxed)) trace("segment_free", head->ptr, sz, nullptr);
+        std::free(head->ptr);
+        delete head;
+        it = segments_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  Block* new_segment(bool small, size_t size, size_t requested, std::shared_ptr<c10::GatheredContext> ctx,
+                     std::unique_lock<std::mutex>& lock) {
+    const size_t seg = segment_size(size);
+    if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > capacity_) {
+      stats_.num_alloc_retries++;
+      release_cached();
+    }
+    char* ptr = nullptr;
+    if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) <= capacity_) {
+      ptr = static_cast<char*>(std::aligned_alloc(kSegmentAlign, seg));
+    }
+    if (ptr == nullptr) {
+      raise_oom(requested, seg, ctx, lock);
+    }
+    auto* b = new Block(device_, seg, ptr, small);
+    segments_[reinterpret_cast<uintptr_t>(ptr)] = Segment{b, seg};
+    update_stat(stats_.segment, small, 1);
+    update_stat(stats_.reserved_bytes, small, seg);
+    stats_.num_device_alloc++;
+    if (g_record_history.load(std::memory_order_relaxed)) trace("segment_alloc", ptr, seg, ctx);
+    return b;
+  }
+
+  [[noreturn]] void raise_oom(size_t requested, size_t seg, std::shared_ptr<c10::GatheredContext> ctx,
+                              std::unique_lock<std::mutex>& lock) {
+    stats_.num_ooms++;
+    const int64_t allocated = stats_.allocated_bytes[kAll].current;
+    const int64_t reserved = stats_.reserved_bytes[kAll].current;
+    const int64_t free_dev = capacity_ - reserved;
+    int64_t largest = 0;
+    for (Block* b : large_free_) largest = std::max<int64_t>(largest, b->size);
+    for (Block* b : small_free_) largest = std::max<int64_t>(largest, b->size);
+    std::ostringstream m;
+    m << "Neuron out of memory. Tried to allocate " << fmt(requested) << " (needs a new " << fmt(seg)
+      << " segment). neuron:" << device_ << " has a total capacity of " << fmt(capacity_) << " of which "
+      << fmt(std::max<int64_t>(free_dev, 0)) << " is free. Of the reserved memory " << fmt(allocated)
+      << " is allocated by PyTorch, and " << fmt(reserved - allocated)
+      << " is reserved by PyTorch but unallocated (largest cached free block " << fmt(largest)
+      << "). If reserved but unallocated memory is large, call torch.neuron.empty_cache(); otherwise "
+         "reduce the batch size or free tensors (see %neuron_memory). The emulated capacity is set by "
+         "TORCHNEURON_LAB_HBM_BYTES.";
+    last_oom_.valid = true;
+    last_oom_.requested = static_cast<int64_t>(requested);
+    last_oom_.allocated = allocated;
+    last_oom_.reserved = reserved;
+    last_oom_.capacity = capacity_;
+    last_oom_.largest_free_block = largest;
+    last_oom_.time_ns = now_ns();
+    last_oom_.message = m.str();
+    last_oom_.context = ctx;
+    if (g_record_history.load(std::memory_order_relaxed))
+      trace("oom", reinterpret_cast<char*>(static_cast<uintptr_t>(std::max<int64_t>(free_dev, 0))), requested,
+            ctx);
+    lock.unlock();
+    TORCH_CHECK_WITH(OutOfMemoryError, false, m.str());
+  }
+
+  static std::string fmt(int64_t bytes) {
+    char buf[64];
+    const double b = static_cast<double>(bytes);
+    if (bytes >= (1LL << 30)) snprintf(buf, sizeof buf, "%.2f GiB", b / (1LL << 30));
+    else if (bytes >= (1LL << 20)) snprintf(buf, sizeof buf, "%.2f MiB", b / (1LL << 20));
+    else if (bytes >= 1024) snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
+    else snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(bytes));
+    return buf;
+  }
+
+  void trace(const char* action, char* ptr, size_t size, std::shared_ptr<c10::GatheredContext> ctx) {
+    const size_t cap = g_max_entries.load();
+    TraceEntry e{action, reinterpret_cast<uintptr_t>(ptr), size, now_ns() / 1000, std::move(ctx)};
+    if (cap == 0) return;
+    if (trace_.size() < cap) {
+      trace_.push_back(std::move(e));
+    } else {
+      trace_[trace_next_] = std::move(e);
+      trace_next_ = (trace_next_ + 1) % cap;
+    }
+  }
+
+  int device_;
+  int64_t capacity_;
+  std::mutex mu_;
+  std::set<Block*, BlockLess> small_free_, large_free_;
+  std::unordered_map<char*, Block*> active_;
+  std::map<uintptr_t, Segment> segments_;
+  DeviceStats stats_;
+  std::vector<TraceEntry> trace_;
+  size_t trace_next_ = 0;
+  OomInfo last_oom_;
+};
+
+std::mutex g_devices_mu;
+std::array<std::atomic<DeviceAllocator*>, 64> g_devices{};
+
+// Never creates state: returns nullptr for a device that was never used.
+DeviceAllocator* peek_device(int d) {
+  if (d < 0 || d >= 64) return nullptr;
+  return g_devices[d].load(std::memory_order_acquire);
+}
+
+DeviceAllocator* get_device(int d) {
+  DeviceAllocator* a = peek_device(d);
+  if (a != nullptr) return a;
+  check_device_index(d);
+  std::lock_guard<std::mutex> lock(g_devices_mu);
+  a = g_devices[d].load();
+  if (a == nullptr) {
+    mark_runtime_started();
+    a = new DeviceAllocator(d, config().hbm_bytes);
+    g_devices[d].store(a, std::memory_order_release);
+  }
+  return a;
+}
+
+void neuron_block_free(void* ctx) {
+  auto* b = static_cast<Block*>(ctx);
+  get_device(b->device)->free(b);
+}
+
+class NeuronAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override { return get_device(current_device())->allocate(n); }
+  c10::DeleterFnPtr raw_deleter() const override { return &neuron_block_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+
+thread_local int tls_redirect_device = -1;
+
+class RedirectCpuAllocator final : public c10::Allocator {
+ public:
+  explicit RedirectCpuAllocator(c10::Allocator* base) : base_(base) {}
+  c10::DataPtr allocate(size_t n) override {
+    const int d = tls_redirect_device;
+    if (d < 0) return base_->allocate(n);
+    c10::DataPtr p = get_device(d)->allocate(n);
+    p.unsafe_set_device(c10::Device(c10::kCPU));
+    return p;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  c10::Allocator* base() const { return base_; }
+
+ private:
+  c10::Allocator* base_;
+};
+
+NeuronAllocator g_neuron_allocator;
+RedirectCpuAllocator* g_redirect = nullptr;
+
+}  // namespace
+
+c10::Allocator* neuron_allocator() { return &g_neuron_allocator; }
+c10::DataPtr allocate_on(int device, size_t nbytes) { return get_device(device)->allocate(nbytes); }
+bool is_neuron_data_ptr(const c10::DataPtr& p) { return p.get_deleter() == &neuron_block_free; }
+
+int device_of_ptr(const void* ptr) {
+  for (int d = 0; d < device_count(); ++d) {
+    DeviceAllocator* a = peek_device(d);
+    if (a != nullptr && a->owns(ptr)) return d;
+  }
+  return -1;
+}
+
+RedirectGuard::RedirectGuard(int device) : prev_(tls_redirect_device) { tls_redirect_device = device; }
+RedirectGuard::~RedirectGuard() { tls_redirect_device = prev_; }
+
+c10::Allocator* redirect_cpu_allocator() { return g_redirect; }
+
+void install_redirect_cpu_allocator() {
+  if (g_redirect != nullptr) return;
+  // Wrap whatever CPU allocator is active; outside a neuron kernel every call is forwarded to it.
+  g_redirect = new RedirectCpuAllocator(c10::GetCPUAllocator());
+  c10::SetCPUAllocator(g_redirect, /*priority=*/100);
+}
+
+REGISTER_ALLOCATOR(kNeuron, &g_neuron_allocator);
+
+}  // namespace tnl

@@ -1,0 +1,368 @@
+// Python bindings of the runtime (the `_C` module). Every entry point converts C++ errors into
+// Python exceptions through pybind11/torch's translation; none of them can abort the interpreter.
+#include "neuron.h"
+
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/profiler/combined_traceback.h>
+#include <torch/extension.h>
+
+// From libtorch_python (torch/csrc/profiler/python/combined_traceback.h, whose header needs a JSON
+// library torch does not ship): turns captured tracebacks into lists of {filename, line, name}.
+namespace torch {
+TORCH_API std::vector<pybind11::object> py_symbolize(std::vector<CapturedTraceback*>& to_symbolize);
+TORCH_PYTHON_API void installCapturedTracebackPython();
+}  // namespace torch
+
+namespace tnl {
+
+// defined in allocator.cpp / recorder.cpp (same translation unit)
+py::dict stats_dict(int device);
+
+namespace {
+
+std::shared_ptr<c10::GatheredContext> gather_python_context() {
+  return torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false);
+}
+
+py::list symbolize_all(const std::vector<std::shared_ptr<c10::GatheredContext>>& ctxs) {
+  std::vector<torch::CapturedTraceback*> tbs;
+  std::vector<int> index(ctxs.size(), -1);
+  for (size_t i = 0; i < ctxs.size(); ++i) {
+    auto* tb = dynamic_cast<torch::CapturedTraceback*>(ctxs[i].get());
+    if (tb != nullptr) {
+      index[i] = static_cast<int>(tbs.size());
+      tbs.push_back(tb);
+    }
+  }
+  std::vector<py::object> frames;
+  if (!tbs.empty()) frames = torch::py_symbolize(tbs);
+  py::list out;
+  for (size_t i = 0; i < ctxs.size(); ++i) {
+    if (index[i] < 0) out.append(py::list());
+    else out.append(frames[index[i]]);
+  }
+  return out;
+}
+
+const char* engine_name(Engine e) {
+  switch (e) {
+    case Engine::Tensor: return "tensor";
+    case Engine::Vector: return "vector";
+    case Engine::Scalar: return "scalar";
+    case Engine::GpSimd: return "gpsimd";
+    case Engine::Dma: return "dma";
+    default: return "host";
+  }
+}
+const char* kind_name(EventKind k) {
+  switch (k) {
+    case EventKind::Kernel: return "kernel";
+    case EventKind::Dma: return "dma";
+    case EventKind::Sync: return "sync";
+    default: return "marker";
+  }
+}
+const char* direction_name(Direction d) {
+  switch (d) {
+    case Direction::H2D: return "h2d";
+    case Direction::D2H: return "d2h";
+    case Direction::D2D: return "d2d";
+    default: return "";
+  }
+}
+Engine engine_from(const std::string& s) {
+  if (s == "tensor") return Engine::Tensor;
+  if (s == "vector") return Engine::Vector;
+  if (s == "scalar") return Engine::Scalar;
+  if (s == "gpsimd") return Engine::GpSimd;
+  if (s == "dma") return Engine::Dma;
+  if (s == "host") return Engine::Host;
+  TORCH_CHECK_VALUE(false, "unknown engine '", s, "'; expected tensor, vector, scalar, gpsimd, dma or host");
+}
+EventKind kind_from(const std::string& s) {
+  if (s == "kernel") return EventKind::Kernel;
+  if (s == "dma") return EventKind::Dma;
+  if (s == "sync") return EventKind::Sync;
+  if (s == "marker") return EventKind::Marker;
+  TORCH_CHECK_VALUE(false, "unknown event kind '", s, "'; expected kernel, dma, sync or marker");
+}
+
+py::dict recorder_read_py() {
+  std::vector<Slot> slots = recorder_copy();
+  py::list seq, kind, name, device, engine, start, end, br, bw, flops, newsig, shapes, dtypes, direction, subgraph,
+      thread;
+  std::vector<std::shared_ptr<c10::GatheredContext>> stacks;
+  for (const Slot& s : slots) {
+    seq.append(s.seq);
+    kind.append(kind_name(s.ev.kind));
+    name.append(string_of(s.ev.name_id));
+    device.append(static_cast<int>(s.ev.device));
+    engine.append(engine_name(s.ev.engine));
+    start.append(s.ev.start_ns);
+    end.append(s.ev.end_ns);
+    br.append(s.ev.bytes_read);
+    bw.append(s.ev.bytes_written);
+    flops.append(s.ev.flops);
+    newsig.append(s.ev.new_signature);
+    shapes.append(string_of(s.ev.shapes_id));
+    dtypes.append(string_of(s.ev.dtypes_id));
+    direction.append(direction_name(s.ev.direction));
+    subgraph.append(s.ev.subgraph);
+    thread.append(s.thread);
+    stacks.push_back(s.stack);
+  }
+  py::dict d;
+  d["seq"] = seq; d["kind"] = kind; d["name"] = name; d["device"] = device; d["engine"] = engine;
+  d["start_ns"] = start; d["end_ns"] = end; d["bytes_read"] = br; d["bytes_written"] = bw; d["flops"] = flops;
+  d["new_signature"] = newsig; d["shapes"] = shapes; d["dtypes"] = dtypes; d["direction"] = direction;
+  d["subgraph"] = subgraph; d["thread"] = thread; d["stack"] = symbolize_all(stacks);
+  return d;
+}
+
+py::dict snapshot_py() {
+  py::list segments;
+  py::list traces;
+  for (int d = 0; d < device_count(); ++d) {
+    DeviceAllocator* a = peek_device(d);
+    py::list trace_list;
+    if (a == nullptr) {
+      traces.append(trace_list);
+      continue;
+    }
+    auto segs = a->segments_view();
+    std::vector<std::shared_ptr<c10::GatheredContext>> ctxs;
+    for (auto& s : segs) for (auto& b : s.blocks) ctxs.push_back(b.ctx);
+    py::list frames = symbolize_all(ctxs);
+    size_t k = 0;
+    for (auto& s : segs) {
+      py::dict seg;
+      int64_t allocated = 0, active = 0, requested = 0;
+      py::list blocks;
+      for (auto& b : s.blocks) {
+        py::dict bd;
+        bd["address"] = b.address;
+        bd["size"] = b.size;
+        bd["requested_size"] = b.allocated ? b.requested : 0;
+        bd["state"] = b.allocated ? "active_allocated" : "inactive";
+        bd["frames"] = frames[k++];
+        blocks.append(bd);
+        if (b.allocated) {
+          allocated += b.size;
+          active += b.size;
+          requested += b.requested;
+        }
+      }
+      seg["device"] = d;
+      seg["address"] = s.address;
+      seg["total_size"] = s.total;
+      seg["allocated_size"] = allocated;
+      seg["active_size"] = active;
+      seg["requested_size"] = requested;
+      seg["stream"] = 0;
+      seg["segment_type"] = s.small ? "small" : "large";
+      seg["segment_pool_id"] = py::make_tuple(0, 0);
+      seg["is_expandable"] = false;
+      seg["frames"] = py::list();
+      seg["blocks"] = blocks;
+      segments.append(seg);
+    }
+    auto entries = a->trace_view();
+    std::vector<std::shared_ptr<c10::GatheredContext>> tctx;
+    for (auto& e : entries) tctx.push_back(e.context);
+    py::list tframes = symbolize_all(tctx);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      py::dict e;
+      e["action"] = entries[i].action;
+      e["addr"] = entries[i].addr;
+      e["size"] = entries[i].size;
+      e["stream"] = 0;
+      e["time_us"] = entries[i].time_us;
+      e["frames"] = tframes[i];
+      trace_list.append(e);
+    }
+    traces.append(trace_list);
+  }
+  py::dict out;
+  out["segments"] = segments;
+  out["device_traces"] = traces;
+  py::dict settings;
+  settings["PYTORCH_NEURON_ALLOC_CONF"] = "";
+  settings["max_split_size"] = -1;
+  settings["garbage_collection_threshold"] = 0.0;
+  settings["expandable_segments"] = false;
+  settings["pinned_num_register_threads"] = 1;
+  settings["release_lock_on_malloc"] = false;
+  settings["pinned_use_host_register"] = false;
+  settings["roundup_power2_divisions"] = py::dict();
+  out["allocator_settings"] = settings;
+  return out;
+}
+
+py::object last_oom_py(int device) {
+  DeviceAllocator* a = peek_device(device);
+  if (a == nullptr) return py::none();
+  OomInfo o = a->last_oom();
+  if (!o.valid) return py::none();
+  py::dict d;
+  d["device"] = device;
+  d["requested"] = o.requested;
+  d["allocated"] = o.allocated;
+  d["reserved"] = o.reserved;
+  d["capacity"] = o.capacity;
+  d["largest_free_block"] = o.largest_free_block;
+  d["time_ns"] = o.time_ns;
+  d["message"] = o.message;
+  d["frames"] = symbolize_all({o.context})[0];
+  return d;
+}
+
+}  // namespace
+
+py::dict stat_py(const Stat& s) {
+  py::dict d;
+  d["current"] = s.current;
+  d["peak"] = s.peak;
+  d["allocated"] = s.allocated;
+  d["freed"] = s.freed;
+  return d;
+}
+
+py::dict stats_dict(int device) {
+  check_device_index(device);
+  DeviceStats st;
+  if (DeviceAllocator* a = peek_device(device)) a->stats_into(st);
+  auto arr = [](const StatArray& a) {
+    py::dict d;
+    d["all"] = stat_py(a[kAll]);
+    d["small_pool"] = stat_py(a[kSmallPool]);
+    d["large_pool"] = stat_py(a[kLargePool]);
+    return d;
+  };
+  py::dict r;
+  r["allocation"] = arr(st.allocation);
+  r["segment"] = arr(st.segment);
+  r["active"] = arr(st.active);
+  r["inactive_split"] = arr(st.inactive_split);
+  r["allocated_bytes"] = arr(st.allocated_bytes);
+  r["reserved_bytes"] = arr(st.reserved_bytes);
+  r["active_bytes"] = arr(st.active_bytes);
+  r["inactive_split_bytes"] = arr(st.inactive_split_bytes);
+  r["requested_bytes"] = arr(st.requested_bytes);
+  r["num_alloc_retries"] = st.num_alloc_retries;
+  r["num_ooms"] = st.num_ooms;
+  r["num_sync_all_streams"] = 0;
+  r["num_device_alloc"] = st.num_device_alloc;
+  r["num_device_free"] = st.num_device_free;
+  r["max_split_size"] = -1;
+  r["oversize_allocations"] = stat_py(st.oversize_allocations);
+  r["oversize_segments"] = stat_py(st.oversize_segments);
+  return r;
+}
+
+void init_module(py::module& m) {
+  torch::installCapturedTracebackPython();
+  install_hooks();
+  install_redirect_cpu_allocator();
+  install_profiler_stubs();
+
+  m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
+  m.def("runtime_started", &runtime_started);
+  m.def("device_count", &device_count);
+  m.def("current_device", &current_device);
+  m.def("set_device", [](int d) { set_current_device(d); });
+  m.def("synchronize", [](int d) {
+    check_device_index(d);
+    if (recording()) {
+      EventRecord ev;
+      ev.kind = EventKind::Sync;
+      ev.engine = Engine::Host;
+      ev.device = static_cast<int8_t>(d);
+      ev.name_id = intern_string("sync: torch.neuron.synchronize()");
+      ev.start_ns = ev.end_ns = now_ns();
+      push_event(ev);
+    }
+  });
+  m.def("now_ns", &now_ns);
+
+  m.def("memory_stats", &stats_dict);
+  m.def("reset_peak_stats", [](int d) {
+    check_device_index(d);
+    if (auto* a = peek_device(d)) a->reset_peak();
+  });
+  m.def("reset_accumulated_stats", [](int d) {
+    check_device_index(d);
+    if (auto* a = peek_device(d)) a->reset_accumulated();
+  });
+  m.def("empty_cache", []() {
+    for (int d = 0; d < device_count(); ++d)
+      if (auto* a = peek_device(d)) a->empty_cache();
+  });
+  m.def("capacity", [](int d) {
+    check_device_index(d);
+    return config().hbm_bytes;
+  });
+  m.def("mem_get_info", [](int d) {
+    check_device_index(d);
+    DeviceAllocator* a = peek_device(d);
+    const int64_t reserved = a ? a->reserved() : 0;
+    return py::make_tuple(config().hbm_bytes - reserved, config().hbm_bytes);
+  });
+  m.def("snapshot", &snapshot_py);
+  m.def("record_memory_history", [](bool enabled, bool record_context, size_t max_entries) {
+    g_context_fn = &gather_python_context;
+    g_max_entries.store(max_entries);
+    g_record_context.store(enabled && record_context);
+    g_record_history.store(enabled);
+    if (!enabled) {
+      for (int d = 0; d < device_count(); ++d)
+        if (auto* a = peek_device(d)) a->clear_trace();
+    }
+  }, py::arg("enabled"), py::arg("record_context") = true, py::arg("max_entries") = 100000);
+  m.def("last_oom", &last_oom_py);
+
+  m.def("recorder_start", &recorder_start, py::arg("capacity") = 1 << 20, py::arg("record_shapes") = true,
+        py::arg("with_stack") = false);
+  m.def("recorder_stop", &recorder_stop);
+  m.def("recorder_clear", &recorder_clear);
+  m.def("recorder_enabled", []() { return recording(); });
+  m.def("recorder_dropped", &recorder_dropped);
+  m.def("recorder_read", &recorder_read_py);
+  m.def("recorder_push", [](const std::string& kind, const std::string& name, int device, const std::string& engine,
+                            int64_t start_ns, int64_t end_ns, int64_t bytes_read, int64_t bytes_written,
+                            int64_t flops, int subgraph, const std::string& shapes) {
+    if (!recording()) return false;
+    EventRecord ev;
+    ev.kind = kind_from(kind);
+    ev.engine = engine_from(engine);
+    ev.device = static_cast<int8_t>(device);
+    ev.name_id = intern_string(name);
+    ev.start_ns = start_ns;
+    ev.end_ns = end_ns;
+    ev.bytes_read = bytes_read;
+    ev.bytes_written = bytes_written;
+    ev.flops = flops;
+    ev.subgraph = subgraph;
+    if (!shapes.empty()) ev.shapes_id = intern_string(shapes);
+    push_event(ev);
+    return true;
+  }, py::arg("kind"), py::arg("name"), py::arg("device"), py::arg("engine"), py::arg("start_ns"),
+     py::arg("end_ns"), py::arg("bytes_read") = 0, py::arg("bytes_written") = 0, py::arg("flops") = 0,
+     py::arg("subgraph") = -1, py::arg("shapes") = "");
+  m.def("signature_count", [](int d) {
+    check_device_index(d);
+    return signatures_of(d).size();
+  });
+  m.def("signatures", [](int d) {
+    check_device_index(d);
+    return signatures_of(d);
+  });
+  m.def("clear_signatures", &clear_signatures);
+
+  m.def("default_generator", [](int d) {
+    return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(d)));
+  });
+}
+
+}  // namespace tnl
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { tnl::init_module(m); }

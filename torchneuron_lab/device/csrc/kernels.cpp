@@ -1,0 +1,789 @@
+// Kernel execution on the emulated NeuronCore.
+//
+// Device memory is host memory, so a neuron tensor's bytes can be handed to ATen's CPU kernels
+// directly. The boxed fallback below runs every ATen op that has no native neuron kernel:
+//   1. each neuron tensor argument becomes a CPU tensor that *aliases* the same bytes (no copy);
+//      device-mismatched arguments raise the same error CUDA raises;
+//   2. the CPU kernel runs while this thread's CPU allocations are diverted to the neuron caching
+//      allocator, so outputs (and kernel workspaces) are born in device memory;
+//   3. outputs are re-wrapped as neuron tensors: views of an input keep sharing its neuron storage,
+//      fresh outputs adopt the device block they were allocated in (again no copy); in-place and out=
+//      arguments get their (possibly resized) storage and metadata written back;
+//   4. when recording, one kernel event is emitted with engine class, bytes, FLOPs and signature.
+// Native kernels cover allocation, views, copies (DMA), item() (sync), resize_ and set_.
+#include "neuron.h"
+
+#include <ATen/ATen.h>
+#include <ATen/EmptyTensor.h>
+#include <ATen/autocast_mode.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <ATen/ops/_to_copy_native.h>
+#include <ATen/ops/alias_native.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
+#include <ATen/ops/view_native.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/util/SmallVector.h>
+#include <torch/library.h>
+
+#include <cstring>
+#include <mutex>
+#include <shared_mutex>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace tnl {
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// Op metadata (computed once per operator schema)
+
+enum class Flops : uint8_t { None, Mm, Addmm, Bmm, Baddbmm, Mv, Dot, Conv, ConvBackward };
+
+struct OpMeta {
+  std::string name;
+  int32_t name_id = -1;
+  Engine engine = Engine::Scalar;
+  Flops flops = Flops::None;
+  std::vector<int> gen_args;
+  std::vector<int> device_args;
+  std::vector<bool> write_args;  // per argument: tensor(s) written in place
+  bool any_write = false;
+  bool view_only = false;  // every return aliases an input and nothing is written: no kernel runs
+  bool sync = false;       // output shape depends on device data: the host waits
+  bool allow_cpu_tensors = false;
+};
+
+const std::unordered_set<std::string>& names_in(const char* which) {
+  static const std::unordered_map<std::string, std::unordered_set<std::string>> sets = {
+      {"tensor",
+       {"mm", "addmm", "bmm", "baddbmm", "addbmm", "mv", "addmv", "dot", "vdot", "matmul", "linear",
+        "convolution", "_convolution", "convolution_backward", "_int_mm", "addr", "ger", "outer",
+        "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "cudnn_convolution", "mkldnn_convolution", "_slow_conv2d_forward", "_slow_conv2d_backward",
+        "slow_conv3d_forward", "_linalg_solve_ex", "linalg_lu_factor_ex", "_linalg_eigh", "linalg_cholesky_ex",
+        "_linalg_svd", "linalg_qr", "_linalg_det", "linalg_inv_ex", "triangular_solve", "linalg_solve_triangular",
+        "cholesky_solve", "_cholesky_solve_helper", "geqrf", "ormqr", "linalg_householder_product",
+        "_linalg_slogdet", "linalg_ldl_factor_ex", "linalg_ldl_solve", "linalg_lu_solve", "linalg_lstsq",
+        "linalg_eig", "_fft_r2c", "_fft_c2r", "_fft_c2c", "baddbmm_", "addmm_"}},
+      {"vector",
+       {"sum", "mean", "prod", "nansum", "amax", "amin", "max", "min", "aminmax", "var", "std", "var_mean",
+        "std_mean", "norm", "linalg_vector_norm", "_softmax", "_log_softmax", "_softmax_backward_data",
+        "_log_softmax_backward_data", "native_layer_norm", "native_layer_norm_backward", "native_batch_norm",
+        "native_batch_norm_backward", "_native_batch_norm_legit", "_native_batch_norm_legit_no_training",
+        "native_group_norm", "native_group_norm_backward", "_fused_rms_norm", "_fused_rms_norm_backward",
+        "logsumexp", "cumsum", "cumprod", "cummax", "cummin", "logcumsumexp", "_logcumsumexp", "argmax",
+        "argmin", "any", "all", "nll_loss_forward", "nll_loss_backward", "nll_loss2d_forward",
+        "nll_loss2d_backward", "mse_loss", "mse_loss_backward", "l1_loss", "smooth_l1_loss",
+        "smooth_l1_loss_backward", "huber_loss", "huber_loss_backward", "binary_cross_entropy",
+        "binary_cross_entropy_backward", "binary_cross_entropy_with_logits", "kl_div", "count_nonzero",
+        "mode", "median", "nanmedian", "histc", "bincount", "_batch_norm_with_update",
+        "batch_norm_backward", "renorm", "trace", "_cdist_forward", "_cdist_backward", "_pdist_forward",
+        "cross", "linalg_cross", "_euclidean_dist", "_weight_norm_interface", "logit_backward",
+        "_adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "max_pool2d_with_indices",
+        "avg_pool2d_backward", "max_pool2d_with_indices_backward", "_adaptive_avg_pool2d_backward",
+        "avg_pool3d", "max_pool3d_with_indices", "_adaptive_avg_pool3d", "adaptive_max_pool3d", "std_var"}},
+      {"gpsimd",
+       {"index", "index_put_", "_index_put_impl_", "gather", "scatter", "scatter_", "scatter_add",
+        "scatter_add_", "scatter_reduce", "scatter_reduce_", "index_select", "index_add", "index_add_",
+        "index_copy", "index_copy_", "index_fill", "index_fill_", "index_reduce", "index_reduce_",
+        "masked_select", "masked_scatter", "masked_scatter_", "nonzero", "nonzero_static", "sort", "argsort",
+        "topk", "kthvalue", "_unique", "_unique2", "unique_dim", "unique_consecutive", "unique_dim_consecutive",
+        "embedding", "embedding_dense_backward", "_embedding_bag", "_embedding_bag_forward_only",
+        "_embedding_bag_backward", "take", "put", "put_", "searchsorted", "bucketize", "multinomial", "randperm",
+        "gather_backward", "_gather_sparse_backward", "repeat_interleave", "embedding_renorm_", "histogram",
+        "_histogramdd_from_bin_cts", "_histogramdd_from_bin_tensors", "_histogramdd_bin_edges", "msort"}},
+      {"dma",
+       {"copy_", "_copy_from", "_copy_from_and_resize", "clone", "cat", "_cat", "stack", "_stack",
+        "_to_copy", "repeat", "flip", "roll", "narrow_copy", "constant_pad_nd", "reflection_pad1d",
+        "reflection_pad2d", "replication_pad1d", "replication_pad2d", "_unsafe_view", "contiguous",
+        "as_strided_copy", "expand_copy", "permute_copy", "t_copy", "transpose_copy", "view_copy",
+        "slice_copy", "select_copy", "unsqueeze_copy", "squeeze_copy", "detach_copy", "alias_copy",
+        "diagonal_copy", "unbind_copy", "split_copy", "split_with_sizes_copy", "unfold_copy", "col2im",
+        "im2col", "tril_indices", "triu_indices", "slice_scatter", "select_scatter", "diagonal_scatter",
+        "as_strided_scatter", "_reshape_copy", "lift_fresh_copy", "_fused_moving_avg_obs_fq_helper"}},
+      {"sync",
+       {"nonzero", "masked_select", "_unique", "_unique2", "unique_dim", "unique_consecutive",
+        "unique_dim_consecutive", "repeat_interleave", "bincount", "equal", "_local_scalar_dense", "histc",
+        "_assert_async", "histogram", "nanmedian"}},
+      {"cpu_ok", {"index", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put", "equal"}},
+  };
+  return sets.at(which);
+}
+
+Flops flops_kind(const std::string& base) {
+  if (base == "mm" || base == "_int_mm") return Flops::Mm;
+  if (base == "addmm" || base == "addmm_") return Flops::Addmm;
+  if (base == "bmm") return Flops::Bmm;
+  if (base == "baddbmm" || base == "baddbmm_") return Flops::Baddbmm;
+  if (base == "mv" || base == "addmv") return Flops::Mv;
+  if (base == "dot" || base == "vdot") return Flops::Dot;
+  if (base == "convolution" || base == "_convolution") return Flops::Conv;
+  if (base == "convolution_backward") return Flops::ConvBackward;
+  return Flops::None;
+}
+
+OpMeta build_meta(const c10::OperatorHandle& op) {
+  OpMeta m;
+  const c10::FunctionSchema& s = op.schema();
+  const std::string& base = s.name();
+  std::string plain = base.rfind("aten::", 0) == 0 ? base.substr(6) : base;
+  if (!plain.empty() && plain.back() == '_' && plain.find("_copy_from") == std::string::npos &&
+      names_in("gpsimd").count(plain) == 0 && names_in("dma").count(plain) == 0) {
+    // in-place variant: classify like its functional op
+    std::string f = plain.substr(0, plain.size() - 1);
+    if (names_in("tensor").count(f) || names_in("vector").count(f) || names_in("gpsimd").count(f)) plain = f;
+  }
+  m.name = s.overload_name().empty() ? base : base + "." + s.overload_name();
+  m.name_id = intern_string(m.name);
+  if (names_in("tensor").count(plain)) m.engine = Engine::Tensor;
+  else if (names_in("vector").count(plain)) m.engine = Engine::Vector;
+  else if (names_in("gpsimd").count(plain)) m.engine = Engine::GpSimd;
+  else if (names_in("dma").count(plain)) m.engine = Engine::Dma;
+  else m.engine = Engine::Scalar;
+  m.flops = flops_kind(plain);
+  m.sync = names_in("sync").count(plain) > 0;
+  m.allow_cpu_tensors = names_in("cpu_ok").count(plain) > 0;
+  const auto& args = s.arguments();
+  m.write_args.assign(args.size(), false);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const auto& t = args[i].type();
+    const auto kind = t->kind();
+    if (kind == c10::TypeKind::DeviceObjType ||
+        (kind == c10::TypeKind::OptionalType &&
+         t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::DeviceObjType))
+      m.device_args.push_back(static_cast<int>(i));
+    if (kind == c10::TypeKind::GeneratorType ||
+        (kind == c10::TypeKind::OptionalType &&
+         t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType))
+      m.gen_args.push_back(static_cast<int>(i));
+    if (args[i].alias_info() && args[i].alias_info()->isWrite()) {
+      m.write_args[i] = true;
+      m.any_write = true;
+    }
+  }
+  bool all_alias = !s.returns().empty();
+  for (const auto& r : s.returns()) {
+    if (!r.alias_info() || r.alias_info()->isWrite()) all_alias = false;
+  }
+  m.view_only = all_alias && !m.any_write;
+  return m;
+}
+
+const OpMeta& op_meta(const c10::OperatorHandle& op) {
+  static std::shared_mutex mu;
+  static std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpMeta>> cache;
+  const c10::FunctionSchema* key = &op.schema();
+  {
+    std::shared_lock<std::shared_mutex> lock(mu);
+    auto it = cache.find(key);
+    if (it != cache.end()) return *it->second;
+  }
+  auto m = std::make_unique<OpMeta>(build_meta(op));
+  std::unique_lock<std::shared_mutex> lock(mu);
+  auto it = cache.emplace(key, std::move(m)).first;
+  return *it->second;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Aliasing between neuron tensors and CPU views of the same bytes
+
+at::Tensor cpu_alias(const at::Tensor& t) {
+  c10::StorageImpl* ns = t.storage().unsafeGetStorageImpl();
+  auto st = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), ns->nbytes(),
+                                                  c10::DataPtr(ns->data_ptr().get(), c10::Device(c10::kCPU)),
+                                                  redirect_cpu_allocator(), ns->resizable());
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(std::move(st)),
+                                                   c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) impl->_set_conj(true);
+  if (t.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+at::Tensor wrap_neuron(const at::Tensor& cpu, c10::Storage storage) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage),
+                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), cpu.dtype());
+  impl->set_sizes_and_strides(cpu.sizes(), cpu.strides(), cpu.storage_offset());
+  if (cpu.is_conj()) impl->_set_conj(true);
+  if (cpu.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+// Moves a device block allocated through the CPU redirect into a neuron storage (zero copy); copies
+// anything else (memory the CPU kernel got elsewhere) into a fresh device block.
+c10::Storage adopt_storage(c10::StorageImpl* cs, int device) {
+  const size_t nbytes = cs->nbytes();
+  c10::DataPtr dp;
+  if (is_neuron_data_ptr(cs->data_ptr())) {
+    dp = cs->set_data_ptr(c10::DataPtr());
+    dp.unsafe_set_device(c10::Device(kNeuron, device));
+  } else {
+    dp = allocate_on(device, nbytes);
+    if (nbytes > 0) std::memcpy(dp.get(), cs->data_ptr().get(), nbytes);
+  }
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                            std::move(dp), neuron_allocator(), true));
+}
+
+struct AliasIn {
+  at::Tensor original;
+  at::Tensor alias;
+  c10::StorageImpl* alias_storage;
+  const void* data;
+  size_t nbytes;
+  bool writable;
+};
+
+struct CallState {
+  c10::SmallVector<AliasIn, 6> ins;
+  c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> adopted;
+  int device = -1;
+  bool cpu_outputs = false;
+};
+
+std::string dtype_name(c10::ScalarType t) {
+  std::string s = c10::toString(t);
+  static const std::unordered_map<std::string, std::string> pretty = {
+      {"Float", "float32"}, {"Double", "float64"}, {"Half", "float16"}, {"BFloat16", "bfloat16"},
+      {"Long", "int64"},    {"Int", "int32"},      {"Short", "int16"},  {"Char", "int8"},
+      {"Byte", "uint8"},    {"Bool", "bool"},      {"ComplexFloat", "complex64"},
+      {"ComplexDouble", "complex128"}};
+  auto it = pretty.find(s);
+  return it == pretty.end() ? s : it->second;
+}
+
+std::string shape_str(c10::IntArrayRef s) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < s.size(); ++i) o << (i ? ", " : "") << s[i];
+  o << "]";
+  return o.str();
+}
+
+[[noreturn]] void device_mismatch(const std::string& a, const std::string& b, const std::string& arg,
+                                  const std::string& op) {
+  TORCH_CHECK(false, "Expected all tensors to be on the same device, but found at least two devices, ", a,
+              " and ", b, "! (when checking argument for argument ", arg, " in method ", op, ")");
+}
+
+inline uint64_t mix(uint64_t h, uint64_t v) {
+  return h ^ (v + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2));
+}
+
+struct SigBuilder {
+  uint64_t hash;
+  c10::SmallVector<const at::Tensor*, 8> tensors;
+};
+
+void note_tensor_sig(SigBuilder& sb, const at::Tensor& t) {
+  sb.hash = mix(sb.hash, static_cast<uint64_t>(t.scalar_type()) * 131 + t.dim());
+  for (int64_t s : t.sizes()) sb.hash = mix(sb.hash, static_cast<uint64_t>(s));
+}
+
+int64_t nbytes_of(const at::Tensor& t) {
+  return t.defined() ? static_cast<int64_t>(t.numel()) * static_cast<int64_t>(t.element_size()) : 0;
+}
+
+int64_t compute_flops(Flops f, const std::vector<at::Tensor>& in, const at::Tensor& out0) {
+  auto sz = [&](size_t i, int d) -> int64_t { return i < in.size() && in[i].defined() && in[i].dim() > d ? in[i].size(d) : 0; };
+  switch (f) {
+    case Flops::Mm:  // a[M,K] @ b[K,N]
+      return 2 * sz(0, 0) * sz(0, 1) * sz(1, 1);
+    case Flops::Addmm:  // bias, a[M,K], b[K,N]
+      return 2 * sz(1, 0) * sz(1, 1) * sz(2, 1) + (out0.defined() ? out0.numel() : 0);
+    case Flops::Bmm:
+      return 2 * sz(0, 0) * sz(0, 1) * sz(0, 2) * sz(1, 2);
+    case Flops::Baddbmm:
+      return 2 * sz(1, 0) * sz(1, 1) * sz(1, 2) * sz(2, 2);
+    case Flops::Mv:
+      return in.size() >= 2 && in[0].dim() == 2 ? 2 * in[0].numel() : (in.size() >= 2 ? 2 * in[1].numel() : 0);
+    case Flops::Dot:
+      return 2 * (in.empty() ? 0 : in[0].numel());
+    case Flops::Conv: {  // input, weight[Cout, Cin/g, k...]
+      if (in.size() < 2 || !out0.defined() || in[1].dim() < 1 || in[1].size(0) == 0) return 0;
+      return 2 * out0.numel() * (in[1].numel() / in[1].size(0));
+    }
+    case Flops::ConvBackward: {  // grad_out, input, weight: ~2x forward
+      if (in.size() < 3 || in[2].dim() < 1 || in[2].size(0) == 0) return 0;
+      return 4 * in[0].numel() * (in[2].numel() / in[2].size(0));
+    }
+    default:
+      return 0;
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The fallback
+
+void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
+  const OpMeta& meta = op_meta(op);
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  const bool rec = recording();
+  CallState cs;
+  SigBuilder sig{reinterpret_cast<uint64_t>(&schema), {}};
+  std::vector<at::Tensor> in_for_flops;
+  int64_t bytes_read = 0;
+  std::string foreign_dev, foreign_arg;
+
+  auto convert = [&](const at::Tensor& t, size_t argi) -> at::Tensor {
+    if (!t.defined()) return t;
+    note_tensor_sig(sig, t);
+    if (rec) {
+      bytes_read += nbytes_of(t);
+      if (meta.flops != Flops::None) in_for_flops.push_back(t);
+    }
+    if (t.device().type() == kNeuron) {
+      const int d = t.device().index();
+      if (cs.device < 0) cs.device = d;
+      else if (d != cs.device)
+        device_mismatch("neuron:" + std::to_string(cs.device), "neuron:" + std::to_string(d),
+                        schema.arguments()[argi].name(), meta.name);
+      at::Tensor a = cpu_alias(t);
+      cs.ins.push_back({t, a, a.storage().unsafeGetStorageImpl(), t.storage().data_ptr().get(),
+                        t.storage().nbytes(), meta.write_args[argi]});
+      return a;
+    }
+    if (t.is_cpu()) {
+      if (t.dim() > 0 && !meta.allow_cpu_tensors && foreign_dev.empty()) {
+        foreign_dev = "cpu";
+        foreign_arg = schema.arguments()[argi].name();
+      }
+      return t;
+    }
+    if (foreign_dev.empty()) {
+      foreign_dev = t.device().str();
+      foreign_arg = schema.arguments()[argi].name();
+    }
+    return t;
+  };
+
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& v = (*stack)[base + i];
+    if (v.isTensor()) {
+      v = convert(v.toTensor(), i);
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) out.push_back(convert(t, i));
+      v = std::move(out);
+    } else if (v.isOptionalTensorList()) {
+      auto list = v.toOptionalTensorList();
+      c10::List<std::optional<at::Tensor>> out;
+      out.reserve(list.size());
+      for (const std::optional<at::Tensor>& t : list) {
+        if (t.has_value() && t->defined()) out.push_back(convert(*t, i));
+        else out.push_back(std::nullopt);
+      }
+      v = std::move(out);
+    }
+  }
+  for (int i : meta.device_args) {
+    c10::IValue& v = (*stack)[base + i];
+    if (!v.isDevice()) continue;
+    const c10::Device d = v.toDevice();
+    if (d.type() == kNeuron) {
+      if (cs.device < 0) cs.device = d.has_index() ? d.index() : current_device();
+      v = c10::IValue(c10::Device(c10::kCPU));
+    } else if (d.is_cpu()) {
+      cs.cpu_outputs = true;
+    }
+  }
+  if (cs.device < 0) cs.device = current_device();
+  if (!foreign_dev.empty() && !cs.ins.empty())
+    device_mismatch("neuron:" + std::to_string(cs.device), foreign_dev, foreign_arg, meta.name);
+  check_device_index(cs.device);
+  for (int i : meta.gen_args) {
+    c10::IValue& v = (*stack)[base + i];
+    if (v.isNone()) {
+      v = c10::IValue(cpu_engine_of(default_generator(cs.device)));
+    } else if (v.isGenerator()) {
+      v = c10::IValue(cpu_engine_of(v.toGenerator()));
+    }
+  }
+
+  bool new_sig = false;
+  if (!meta.view_only) {
+    new_sig = note_signature(cs.device, sig.hash, [&]() {
+      std::ostringstream o;
+      o << meta.name << "(";
+      bool first = true;
+      for (const auto& in : cs.ins) {
+        o << (first ? "" : ", ") << dtype_name(in.original.scalar_type()) << shape_str(in.original.sizes());
+        first = false;
+      }
+      o << ")";
+      return o.str();
+    });
+  }
+
+  const int64_t t0 = rec ? now_ns() : 0;
+  try {
+    c10::DeviceGuard guard(c10::Device(kNeuron, cs.device));
+    RedirectGuard redirect(cs.cpu_outputs ? -1 : cs.device);
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
+  } catch (c10::Error& e) {
+    e.add_context("while running " + meta.name + " on neuron:" + std::to_string(cs.device) +
+                  " (emulated NeuronCore, host kernels)");
+    throw;
+  }
+  const int64_t t1 = rec ? now_ns() : 0;
+
+  // write back in-place / out= arguments whose storage or geometry the kernel changed
+  if (meta.any_write) {
+    for (auto& in : cs.ins) {
+      if (!in.writable) continue;
+      c10::TensorImpl* a = in.alias.unsafeGetTensorImpl();
+      c10::TensorImpl* o = in.original.unsafeGetTensorImpl();
+      c10::StorageImpl* as = a->storage().unsafeGetStorageImpl();
+      if (as == in.alias_storage &&
+          (as->data_ptr().get() != in.data || as->nbytes() != in.nbytes)) {
+        c10::StorageImpl* ns = o->storage().unsafeGetStorageImpl();
+        if (is_neuron_data_ptr(as->data_ptr())) {
+          c10::DataPtr dp = as->set_data_ptr(c10::DataPtr());
+          dp.unsafe_set_device(c10::Device(kNeuron, cs.device));
+          ns->set_data_ptr_noswap(std::move(dp));
+        } else if (as->nbytes() == 0) {
+          ns->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(kNeuron, cs.device)));
+        }
+        ns->set_nbytes(as->nbytes());
+      } else if (as != in.alias_storage) {
+        for (auto& other : cs.ins) {
+          if (other.alias_storage == as) {
+            o->set_storage_keep_dtype(other.original.storage());
+            break;
+          }
+        }
+      }
+      if (a->sizes() != o->sizes() || a->strides() != o->strides() ||
+          a->storage_offset() != o->storage_offset())
+        o->set_sizes_and_strides(a->sizes(), a->strides(), a->storage_offset());
+    }
+  }
+
+  int64_t bytes_written = 0;
+  at::Tensor out0;
+  auto back = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || cs.cpu_outputs || !t.is_cpu()) return t;
+    for (const auto& in : cs.ins)
+      if (in.alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        if (rec) bytes_written += nbytes_of(t);
+        return in.original;
+      }
+    if (rec && !meta.view_only) bytes_written += nbytes_of(t);
+    c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+    for (const auto& in : cs.ins)
+      if (in.alias_storage == st) return wrap_neuron(t, in.original.storage());
+    for (const auto& ad : cs.adopted)
+      if (ad.first == st) return wrap_neuron(t, ad.second);
+    c10::Storage ns = adopt_storage(st, cs.device);
+    cs.adopted.emplace_back(st, ns);
+    return wrap_neuron(t, std::move(ns));
+  };
+  const size_t nret = schema.returns().size();
+  const size_t rbase = stack->size() - nret;
+  for (size_t i = 0; i < nret; ++i) {
+    c10::IValue& v = (*stack)[rbase + i];
+    if (v.isTensor()) {
+      v = back(v.toTensor());
+      if (i == 0) out0 = v.toTensor();
+    } else if (v.isTensorList()) {
+      auto list = v.toTensorList();
+      c10::List<at::Tensor> out;
+      out.reserve(list.size());
+      for (const at::Tensor& t : list) out.push_back(back(t));
+      v = std::move(out);
+    }
+  }
+
+  if (rec && !meta.view_only) {
+    EventRecord ev;
+    ev.kind = EventKind::Kernel;
+    ev.engine = meta.engine;
+    ev.device = static_cast<int8_t>(cs.device);
+    ev.name_id = meta.name_id;
+    ev.start_ns = t0;
+    ev.end_ns = t1;
+    ev.bytes_read = bytes_read;
+    ev.bytes_written = bytes_written;
+    ev.new_signature = new_sig;
+    if (meta.flops != Flops::None) ev.flops = compute_flops(meta.flops, in_for_flops, out0);
+    if (record_shapes_enabled()) {
+      std::ostringstream sh, dt;
+      bool first = true;
+      for (const auto& in : cs.ins) {
+        sh << (first ? "" : ", ") << shape_str(in.original.sizes());
+        dt << (first ? "" : ", ") << dtype_name(in.original.scalar_type());
+        first = false;
+      }
+      ev.shapes_id = intern_string(sh.str());
+      ev.dtypes_id = intern_string(dt.str());
+    }
+    push_event(ev);
+    if (meta.sync) {
+      EventRecord s;
+      s.kind = EventKind::Sync;
+      s.engine = Engine::Host;
+      s.device = static_cast<int8_t>(cs.device);
+      s.name_id = meta.name_id;
+      s.start_ns = t1;
+      s.end_ns = now_ns();
+      push_event(s);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Native kernels
+
+int device_index_of(std::optional<c10::Device> d) {
+  if (!d.has_value() || !d->has_index()) return current_device();
+  return d->index();
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> /*pin_memory*/,
+                               std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "neuron tensors support only the strided layout, got ",
+              *layout);
+  const int d = device_index_of(device);
+  check_device_index(d);
+  c10::DeviceGuard guard(c10::Device(kNeuron, d));
+  return at::detail::empty_generic(size, neuron_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                   c10::dtype_or_default(dtype), memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
+                         std::optional<at::Layout> layout, std::optional<at::Device> device,
+                         std::optional<bool> /*pin_memory*/) {
+  TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "neuron tensors support only the strided layout, got ",
+              *layout);
+  const int d = device_index_of(device);
+  check_device_index(d);
+  c10::DeviceGuard guard(c10::Device(kNeuron, d));
+  return at::detail::empty_strided_generic(size, stride, neuron_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype));
+}
+
+void record_dma(const char* name, Direction dir, int device, int64_t t0, int64_t t1, int64_t bytes) {
+  EventRecord ev;
+  ev.kind = EventKind::Dma;
+  ev.engine = Engine::Dma;
+  ev.direction = dir;
+  ev.device = static_cast<int8_t>(device);
+  static const int32_t h2d = intern_string("dma: host→device");
+  static const int32_t d2h = intern_string("dma: device→host");
+  static const int32_t d2d = intern_string("dma: device→device");
+  static const int32_t copy = intern_string("aten::copy_");
+  ev.name_id = dir == Direction::H2D ? h2d : dir == Direction::D2H ? d2h : (std::strcmp(name, "copy") == 0 ? copy : d2d);
+  ev.start_ns = t0;
+  ev.end_ns = t1;
+  ev.bytes_read = bytes;
+  ev.bytes_written = bytes;
+  push_event(ev);
+}
+
+void record_sync(const char* what, int device, int64_t t0, int64_t t1) {
+  EventRecord ev;
+  ev.kind = EventKind::Sync;
+  ev.engine = Engine::Host;
+  ev.device = static_cast<int8_t>(device);
+  ev.name_id = intern_string(what);
+  ev.start_ns = t0;
+  ev.end_ns = t1;
+  push_event(ev);
+}
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  const bool src_n = self.device().type() == kNeuron;
+  const bool dst_n = dst.device().type() == kNeuron;
+  TORCH_CHECK(src_n || self.is_cpu(), "copy from ", self.device(), " to ", dst.device(), " is not supported");
+  TORCH_CHECK(dst_n || dst.is_cpu(), "copy from ", self.device(), " to ", dst.device(), " is not supported");
+  const bool rec = recording();
+  const int64_t t0 = rec ? now_ns() : 0;
+  at::Tensor s = src_n ? cpu_alias(self) : self;
+  at::Tensor d = dst_n ? cpu_alias(dst) : dst;
+  {
+    RedirectGuard redirect(-1);
+    d.copy_(s);
+  }
+  if (rec) {
+    const int64_t t1 = now_ns();
+    const int64_t bytes = nbytes_of(dst);
+    if (src_n && dst_n) {
+      const bool same = self.device() == dst.device();
+      record_dma(same ? "copy" : "d2d", Direction::D2D, dst.device().index(), t0, t1, bytes);
+    } else if (dst_n) {
+      record_dma("h2d", Direction::H2D, dst.device().index(), t0, t1, bytes);
+    } else {
+      record_dma("d2h", Direction::D2H, self.device().index(), t0, t1, bytes);
+      record_sync("sync: device→host copy", self.device().index(), t1, now_ns());
+    }
+  }
+  return dst;
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  int64_t numel = 1;
+  for (int64_t s : size) {
+    TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
+    numel *= s;
+  }
+  impl->set_sizes_contiguous(size);
+  const size_t need = static_cast<size_t>((numel + impl->storage_offset()) * self.element_size());
+  c10::StorageImpl* st = impl->storage().unsafeGetStorageImpl();
+  if (numel > 0 && need > st->nbytes()) {
+    TORCH_CHECK(st->resizable(), "Trying to resize storage that is not resizable");
+    const int d = self.device().index();
+    c10::DataPtr fresh = allocate_on(d, need);
+    if (st->nbytes() > 0 && st->data_ptr().get() != nullptr)
+      std::memcpy(fresh.get(), st->data_ptr().get(), st->nbytes());
+    st->set_data_ptr_noswap(std::move(fresh));
+    st->set_nbytes(need);
+  }
+  if (memory_format.has_value() && *memory_format != at::MemoryFormat::Preserve)
+    impl->empty_tensor_restride(*memory_format);
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
+                        c10::IntArrayRef stride) {
+  TORCH_CHECK(source.device() == self.device() || !source.data_ptr().get(),
+              "Attempted to set the storage of a tensor on device \"", self.device(),
+              "\" to a storage on different device \"", source.device(), "\"");
+  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
+  impl->set_storage_keep_dtype(std::move(source));
+  if (stride.empty()) {
+    impl->set_sizes_contiguous(size);
+    impl->set_storage_offset(offset);
+  } else {
+    impl->set_sizes_and_strides(size, stride, offset);
+  }
+  // grow the storage if the new geometry needs more bytes than it holds
+  int64_t max_off = offset;
+  bool empty = false;
+  for (size_t i = 0; i < size.size(); ++i) {
+    if (size[i] == 0) empty = true;
+    max_off += (size[i] - 1) * (stride.empty() ? impl->strides()[i] : stride[i]);
+  }
+  const size_t need = empty ? 0 : static_cast<size_t>((max_off + 1) * self.element_size());
+  c10::StorageImpl* st = impl->storage().unsafeGetStorageImpl();
+  if (need > st->nbytes()) {
+    TORCH_CHECK(st->resizable(), "setStorage: sizes ", size, ", strides ", stride, " and offset ", offset,
+                " require ", need, " bytes, out of bounds for storage of size ", st->nbytes());
+    c10::DataPtr fresh = allocate_on(self.device().index(), need);
+    if (st->nbytes() > 0) std::memcpy(fresh.get(), st->data_ptr().get(), st->nbytes());
+    st->set_data_ptr_noswap(std::move(fresh));
+    st->set_nbytes(need);
+  }
+  return self;
+}
+
+at::Tensor& set_source_storage_offset(at::Tensor& self, c10::Storage source, c10::SymInt offset,
+                                      c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  return set_storage(self, std::move(source), offset.expect_int(), C10_AS_INTARRAYREF_SLOW(size),
+                     C10_AS_INTARRAYREF_SLOW(stride));
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, c10::Storage source) {
+  const int64_t n = static_cast<int64_t>(source.nbytes() / self.element_size());
+  return set_storage(self, std::move(source), 0, {n}, {});
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& src) {
+  if (self.unsafeGetTensorImpl() == src.unsafeGetTensorImpl()) return self;
+  return set_storage(self, src.storage(), src.storage_offset(), src.sizes(), src.strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  c10::Storage st(c10::Storage::use_byte_size_t(), 0, neuron_allocator(), true);
+  st.unsafeGetStorageImpl()->set_data_ptr_noswap(c10::DataPtr(nullptr, self.device()));
+  return set_storage(self, std::move(st), 0, {0}, {});
+}
+
+at::Scalar local_scalar_dense(const at::Tensor& self) {
+  const bool rec = recording();
+  const int64_t t0 = rec ? now_ns() : 0;
+  at::Scalar r = at::_local_scalar_dense(cpu_alias(self));
+  if (rec) {
+    const int64_t t1 = now_ns();
+    record_dma("d2h", Direction::D2H, self.device().index(), t0, t1, self.element_size());
+    record_sync("sync: item()", self.device().index(), t0, t1);
+  }
+  return r;
+}
+
+at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
+                      std::optional<int64_t> offset) {
+  return at::native::as_strided_tensorimpl(self, size, stride, offset);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+}
+
+// torch.autocast("neuron"): PyTorch registers no AutocastPrivateUse1 kernels, so ops fall through unless
+// listed here; the lists are ATen's own (the same policies CUDA uses).
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+#define TNL_LOW(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define TNL_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define TNL_FP32_OPT(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define TNL_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+  AT_FORALL_LOWER_PRECISION_FP(TNL_LOW)
+  AT_FORALL_FP32(TNL_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(TNL_FP32_OPT)
+  AT_FORALL_PROMOTE(TNL_PROMOTE)
+#undef TNL_LOW
+#undef TNL_FP32
+#undef TNL_FP32_OPT
+#undef TNL_PROMOTE
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("empty.memory_format", empty_memory_format);
+  m.impl("empty_strided", empty_strided);
+  m.impl("as_strided", as_strided);
+  m.impl("view", at::native::view);
+  m.impl("view.dtype", at::native::view_dtype);
+  m.impl("_reshape_alias", at::native::_reshape_alias);
+  m.impl("unfold", at::native::unfold);
+  m.impl("view_as_real", at::native::view_as_real);
+  m.impl("view_as_complex", at::native::view_as_complex);
+  m.impl("alias", at::native::alias);
+  m.impl("resize_", resize_);
+  m.impl("set_.source_Storage", set_source_storage);
+  m.impl("set_.source_Storage_storage_offset", set_source_storage_offset);
+  m.impl("set_.source_Tensor", set_source_tensor);
+  m.impl("set_", set_empty);
+  m.impl("_copy_from", copy_from);
+  m.impl("_copy_from_and_resize", copy_from_and_resize);
+  m.impl("_local_scalar_dense", local_scalar_dense);
+  m.impl("_to_copy", at::native::_to_copy);
+  // CompositeExplicitAutograd kernels that pick a backend by device type: run them on the CPU side.
+  for (const char* name : {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
+                           "convolution_backward_overrideable"}) {
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  }
+}
+
+}  // namespace tnl

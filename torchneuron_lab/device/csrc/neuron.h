@@ -1,0 +1,104 @@
+// Shared declarations of the emulated NeuronCore runtime (one concern per .cpp file; see README.md).
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <c10/core/Device.h>
+#include <c10/core/Storage.h>
+#include <c10/util/ApproximateClock.h>
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tnl {
+
+constexpr c10::DeviceType kNeuron = c10::DeviceType::PrivateUse1;
+
+// ---- configuration (config.cpp: fixed at first use) ----
+struct Config {
+  int num_devices = 2;
+  int64_t hbm_bytes = 24LL << 30;
+};
+Config& config();
+void configure(int num_devices, int64_t hbm_bytes);  // errors once a device was used
+bool runtime_started();
+void mark_runtime_started();
+int device_count();
+void check_device_index(int64_t index);
+
+// ---- clock ----
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// ---- guard.cpp ----
+int current_device();
+void set_current_device(int index);
+
+// ---- allocator.cpp ----
+c10::Allocator* neuron_allocator();   // allocates on the current device
+c10::DataPtr allocate_on(int device, size_t nbytes);
+c10::Allocator* redirect_cpu_allocator();  // CPU allocator that diverts to a neuron device inside a kernel
+bool is_neuron_data_ptr(const c10::DataPtr& p);
+int device_of_ptr(const void* ptr);  // -1 if unknown
+// RAII: while alive on this thread, CPU allocations go to neuron device `device`.
+struct RedirectGuard {
+  explicit RedirectGuard(int device);
+  ~RedirectGuard();
+  int prev_;
+};
+void install_redirect_cpu_allocator();
+
+// ---- generator.cpp ----
+const at::Generator& default_generator(int device);
+at::Generator new_generator(int device);
+at::Generator cpu_engine_of(const at::Generator& neuron_gen);  // the CPU engine a neuron generator drives
+
+// ---- recorder.cpp ----
+enum class Engine : uint8_t { Tensor = 0, Vector, Scalar, GpSimd, Dma, Host };
+enum class EventKind : uint8_t { Kernel = 0, Dma, Sync, Marker };
+enum class Direction : uint8_t { None = 0, H2D, D2H, D2D };
+
+struct EventRecord {
+  EventKind kind = EventKind::Kernel;
+  Engine engine = Engine::Scalar;
+  Direction direction = Direction::None;
+  bool new_signature = false;
+  int8_t device = 0;
+  int32_t name_id = -1;
+  int32_t shapes_id = -1;
+  int32_t dtypes_id = -1;
+  int32_t subgraph = -1;
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+  int64_t bytes_read = 0;
+  int64_t bytes_written = 0;
+  int64_t flops = 0;
+};
+
+extern std::atomic<bool> g_recording;
+inline bool recording() {
+  return g_recording.load(std::memory_order_relaxed);
+}
+bool record_shapes_enabled();
+bool with_stack_enabled();
+int32_t intern_string(const std::string& s);
+void push_event(EventRecord ev);  // stamps seq/thread, captures a stack when with_stack is on
+// Eager op signatures per device; returns true if this signature is new on that device.
+bool note_signature(int device, uint64_t hash, const std::function<std::string()>& describe);
+
+// ---- profiler.cpp ----
+void install_profiler_stubs();
+
+// ---- hooks.cpp / guard.cpp registration ----
+void install_hooks();
+
+}  // namespace tnl

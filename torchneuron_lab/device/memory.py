@@ -1,0 +1,580 @@
+"""``torch.neuron`` memory API: the names and semantics of ``torch.cuda.memory``.
+
+Every function reads the C++ caching allocator through the ``_C`` extension returned by
+:func:`torchneuron_lab.device._backend.lib` (contract: ``notes/api.md``). Reading statistics never
+initialises a device: an untouched device reports zeros.
+
+The snapshot returned by :func:`_snapshot` has the documented layout of
+``torch.cuda.memory._snapshot()`` so that ``torch.cuda._memory_viz`` (``segment_plot``,
+``trace_plot``, ``segsum``, ``trace``, ``segments``, ``memory``, ``compare``) accepts it unchanged.
+"""
+
+from __future__ import annotations
+
+import collections
+import pickle
+import sys
+import warnings
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict
+
+import torch
+
+from ._backend import lib as _lib
+
+__all__ = [
+    "empty_cache",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_peak_memory_stats",
+]
+
+DEVICE_TYPE = "neuron"
+
+Device = torch.device | str | int | None
+
+# Highest pickle protocol the MemoryViz.js unpickler (behind _memory_viz.*_plot) understands.
+SNAPSHOT_PICKLE_PROTOCOL = 4
+
+
+class Frame(TypedDict):
+    """One stack frame; frame lists are innermost call first."""
+
+    filename: str
+    line: int
+    name: str
+
+
+class Block(TypedDict):
+    """A piece of a segment: handed to a tensor, waiting to be freed, or cached."""
+
+    address: int
+    size: int
+    requested_size: int
+    state: Literal["active_allocated", "active_pending_free", "inactive"]
+    frames: list[Frame]
+
+
+class Segment(TypedDict):
+    """Memory the allocator got from the device runtime; its blocks tile it in address order."""
+
+    device: int
+    address: int
+    total_size: int
+    allocated_size: int
+    active_size: int
+    requested_size: int
+    stream: int
+    segment_type: Literal["small", "large"]
+    segment_pool_id: tuple[int, int]
+    is_expandable: bool
+    frames: list[Frame]
+    blocks: list[Block]
+
+
+class TraceEntry(TypedDict, total=False):
+    """One allocator action recorded while :func:`_record_memory_history` is on.
+
+    ``oom`` entries carry ``device_free`` instead of ``addr``.
+    """
+
+    action: Literal[
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "oom",
+        "snapshot",
+    ]
+    addr: int
+    device_free: int
+    size: int
+    stream: int
+    frames: list[Frame]
+    time_us: int
+
+
+class Snapshot(TypedDict, total=False):
+    """What :func:`_snapshot` returns; ``device_traces[i]`` holds device ``i``'s history."""
+
+    segments: list[Segment]
+    device_traces: list[list[TraceEntry]]
+    allocator_settings: dict[str, Any]
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def _parse_device_string(text: str, original: object) -> int | None:
+    """Split ``'neuron'`` / ``'neuron:1'`` into an index (``None`` when absent)."""
+    dev_type, sep, index_text = text.strip().partition(":")
+    if dev_type != DEVICE_TYPE:
+        raise ValueError(
+            f"Expected a {DEVICE_TYPE} device, got {original!r} (device type {dev_type!r}); "
+            f"use None, an int, '{DEVICE_TYPE}', '{DEVICE_TYPE}:<index>' or torch.device('{DEVICE_TYPE}', i)"
+        )
+    if not sep:
+        return None
+    if not index_text.isdigit():
+        raise ValueError(
+            f"Invalid {DEVICE_TYPE} device {original!r}: the index must be a non-negative integer, "
+            f"as in '{DEVICE_TYPE}:0'"
+        )
+    return int(index_text)
+
+
+def _device_index(device: Device = None) -> int:
+    """Resolve ``device`` to a validated device index.
+
+    Accepts ``None`` (the current device), an ``int``, ``'neuron'``, ``'neuron:1'`` or a
+    ``torch.device`` of type ``neuron``. A device without an index means the current device.
+
+    Raises:
+        ValueError: another device type, a malformed string, or an index out of range.
+        TypeError: an object that is not a device at all.
+    """
+    index: int | None
+    if device is None:
+        index = None
+    elif isinstance(device, bool):
+        raise TypeError(f"Expected a {DEVICE_TYPE} device or index, got the bool {device!r}")
+    elif isinstance(device, int):
+        index = device
+    elif isinstance(device, str):
+        index = _parse_device_string(device, device)
+    elif isinstance(device, torch.device):
+        if device.type != DEVICE_TYPE:
+            raise ValueError(f"Expected a {DEVICE_TYPE} device, got {device!r} (device type {device.type!r})")
+        index = device.index
+    else:
+        raise TypeError(
+            f"Expected a {DEVICE_TYPE} device (None, int, str or torch.device), "
+            f"got {device!r} of type {type(device).__name__}"
+        )
+    C = _lib()
+    if index is None:
+        return int(C.current_device())
+    count = int(C.device_count())
+    if not 0 <= index < count:
+        shown = device if isinstance(device, (str, torch.device)) else f"{DEVICE_TYPE}:{index}"
+        if count == 0:
+            allowed = f"no {DEVICE_TYPE} devices are available"
+        else:
+            allowed = f"valid indices are 0..{count - 1} ({count} {DEVICE_TYPE} device{'s' * (count != 1)})"
+        raise ValueError(f"Invalid device {str(shown)!r}: index {index} is out of range; {allowed}")
+    return index
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def _flatten(nested: dict[Any, Any]) -> list[tuple[str, Any]]:
+    """Flatten nested stats into ``("a.b.c", value)`` pairs; tuple keys join with ``_``."""
+    pairs: list[tuple[str, Any]] = []
+    stack: list[tuple[str, Any]] = [("", nested)]
+    while stack:
+        prefix, node = stack.pop()
+        if not isinstance(node, dict):
+            pairs.append((prefix, node))
+            continue
+        for key, value in node.items():
+            name = "_".join(str(part) for part in key) if isinstance(key, tuple) else str(key)
+            stack.append((f"{prefix}.{name}" if prefix else name, value))
+    return pairs
+
+
+def memory_stats_as_nested_dict(device: Device = None) -> dict[str, Any]:
+    """Return the caching allocator statistics of ``device`` as the nested dict built in C++.
+
+    Layout: ``{"allocated_bytes": {"all": {"current", "peak", "allocated", "freed"}, "small_pool":
+    ..., "large_pool": ...}, ..., "num_ooms": int, ...}``; see :func:`memory_stats`.
+    """
+    return dict(_lib().memory_stats(_device_index(device)))
+
+
+def memory_stats(device: Device = None) -> dict[str, Any]:
+    """Return the allocator statistics of ``device`` as a flat, key-sorted dict.
+
+    Keys are those of ``torch.cuda.memory_stats``:
+
+    - ``"{allocation,segment,active,inactive_split}.{all,large_pool,small_pool}.{current,peak,allocated,freed}"``
+      (counts) and the same for ``allocated_bytes``, ``reserved_bytes``, ``active_bytes``,
+      ``inactive_split_bytes`` and ``requested_bytes`` (bytes);
+    - ``num_alloc_retries``, ``num_ooms``, ``num_sync_all_streams``, ``num_device_alloc``,
+      ``num_device_free``, ``max_split_size``;
+    - ``"{oversize_allocations,oversize_segments}.{current,peak,allocated,freed}"``.
+
+    ``current`` is the value now, ``peak`` its maximum since the last
+    :func:`reset_peak_memory_stats`, ``allocated``/``freed`` the totals added/removed since the
+    last :func:`reset_accumulated_memory_stats`.
+
+    Args:
+        device: ``None`` (current device), an index, ``'neuron:i'`` or ``torch.device``.
+    """
+    pairs = _flatten(memory_stats_as_nested_dict(device))
+    pairs.sort()
+    return collections.OrderedDict(pairs)
+
+
+def memory_allocated(device: Device = None) -> int:
+    """Return the bytes currently occupied by tensors on ``device``."""
+    return int(memory_stats(device).get("allocated_bytes.all.current", 0))
+
+
+def max_memory_allocated(device: Device = None) -> int:
+    """Return the peak bytes occupied by tensors on ``device`` since the last peak reset."""
+    return int(memory_stats(device).get("allocated_bytes.all.peak", 0))
+
+
+def memory_reserved(device: Device = None) -> int:
+    """Return the bytes the caching allocator currently holds on ``device`` (used or cached)."""
+    return int(memory_stats(device).get("reserved_bytes.all.current", 0))
+
+
+def max_memory_reserved(device: Device = None) -> int:
+    """Return the peak bytes held by the caching allocator on ``device`` since the last peak reset."""
+    return int(memory_stats(device).get("reserved_bytes.all.peak", 0))
+
+
+def reset_peak_memory_stats(device: Device = None) -> None:
+    """Reset every ``peak`` statistic of ``device`` to its ``current`` value."""
+    _lib().reset_peak_stats(_device_index(device))
+
+
+def reset_accumulated_memory_stats(device: Device = None) -> None:
+    """Reset the ``allocated``/``freed`` totals and ``num_alloc_retries``/``num_ooms`` of ``device``."""
+    _lib().reset_accumulated_stats(_device_index(device))
+
+
+def reset_max_memory_allocated(device: Device = None) -> None:
+    """Reset the peak tracked by :func:`max_memory_allocated`.
+
+    Like ``torch.cuda``, this calls :func:`reset_peak_memory_stats` and so resets *all* peaks.
+    """
+    warnings.warn(
+        "torch.neuron.reset_max_memory_allocated now calls torch.neuron.reset_peak_memory_stats, "
+        "which resets /all/ peak memory stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    reset_peak_memory_stats(device)
+
+
+def empty_cache() -> None:
+    """Return every unoccupied cached segment, on all devices, to the device runtime.
+
+    Memory held by live tensors is untouched; :func:`memory_reserved` drops, while
+    :func:`memory_allocated` does not change.
+    """
+    _lib().empty_cache()
+
+
+def mem_get_info(device: Device = None) -> tuple[int, int]:
+    """Return ``(free, total)`` device memory in bytes, as the device runtime reports it."""
+    free, total = _lib().mem_get_info(_device_index(device))
+    return int(free), int(total)
+
+
+# --------------------------------------------------------------------------- summary
+
+_SIZE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+_COUNT_UNITS = ("", "K", "M", "G")
+
+# (stat key, row label, kind) for the 3-pool statistics, in torch.cuda.memory_summary's order.
+_POOL_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("allocated_bytes", "Allocated memory", "bytes"),
+    ("active_bytes", "Active memory", "bytes"),
+    ("requested_bytes", "Requested memory", "bytes"),
+    ("reserved_bytes", "Reserved memory", "bytes"),
+    ("inactive_split_bytes", "Non-releasable memory", "bytes"),
+    ("allocation", "Allocations", "count"),
+    ("active", "Active allocs", "count"),
+    ("segment", "Reserved segments", "count"),
+    ("inactive_split", "Non-releasable allocs", "count"),
+)
+_OVERSIZE_METRICS: tuple[tuple[str, str], ...] = (
+    ("oversize_allocations", "Oversize allocations"),
+    ("oversize_segments", "Oversize segments"),
+)
+_COLUMNS = ("current", "peak", "allocated", "freed")
+_WIDTH = 75  # characters between the outer '|'
+
+
+def _scaled(value: int, reference: int, units: tuple[str, ...], base: int, switch: int) -> str:
+    """Write ``value`` in the unit chosen for ``reference`` so that rows of one metric line up.
+
+    The unit grows while ``reference`` would need ``switch * base`` or more of the current one.
+    """
+    step = 0
+    while step + 1 < len(units) and reference >= switch * base ** (step + 1):
+        step += 1
+    return f"{value // base**step} {units[step]}"
+
+
+def _cell(value: int, reference: int, kind: str) -> str:
+    if kind == "bytes":
+        return _scaled(value, reference, _SIZE_UNITS, 1024, 768)
+    return _scaled(value, reference, _COUNT_UNITS, 1000, 750)
+
+
+def _row(label: str, cells: tuple[str, ...]) -> str:
+    return f" {label:<22}" + "".join(f"| {c:>10} " for c in cells)
+
+
+def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
+    """Return a human-readable table of the allocator statistics of ``device``.
+
+    Same sections as ``torch.cuda.memory_summary``: a header with the device index, the OOM and
+    allocation-retry counters, one block per statistic (all pools, then large and small pool
+    unless ``abbreviated``) with current, peak, total allocated and total freed columns, and the
+    oversize allocation/segment counters. Each metric's rows use the unit picked for its
+    ``all`` row so that the columns compare at a glance.
+    """
+    index = _device_index(device)
+    stats = memory_stats(index)
+
+    def stat(key: str) -> int:
+        return int(stats.get(key, 0))
+
+    thick, thin = "=" * _WIDTH, "-" * _WIDTH
+    lines = [
+        thick,
+        f"PyTorch {DEVICE_TYPE} memory summary, device ID {index}".center(_WIDTH),
+        thin,
+        (
+            f"{DEVICE_TYPE.capitalize()} OOMs: {stat('num_ooms')}".center(_WIDTH // 2)
+            + "|"
+            + f"device alloc retries: {stat('num_alloc_retries')}".center(_WIDTH - _WIDTH // 2 - 1)
+        ),
+        thick,
+        _row("       Metric", ("Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed")),
+    ]
+    pools = (
+        [("all", None)] if abbreviated else [("all", None), ("large_pool", "large"), ("small_pool", "small")]
+    )
+    for key, label, kind in _POOL_METRICS:
+        lines.append(thin)
+        refs = [stat(f"{key}.all.{col}") for col in _COLUMNS]
+        for pool, pool_name in pools:
+            values = [stat(f"{key}.{pool}.{col}") for col in _COLUMNS]
+            row_label = label if pool_name is None else f"      from {pool_name} pool"
+            lines.append(_row(row_label, tuple(_cell(v, r, kind) for v, r in zip(values, refs))))
+    for key, label in _OVERSIZE_METRICS:
+        lines.append(thin)
+        values = [stat(f"{key}.{col}") for col in _COLUMNS]
+        lines.append(_row(label, tuple(_cell(v, v, "count") for v in values)))
+    lines.append(thick)
+    return "".join(f"|{line:<{_WIDTH}}|\n" for line in lines)
+
+
+# --------------------------------------------------------------------------- snapshots and history
+
+_HISTORY_ENABLED = ("state", "all")
+_HISTORY_CONTEXT = ("state", "alloc", "all")
+_HISTORY_STACKS = ("python", "all")
+
+
+def _record_memory_history(
+    enabled: Literal["state", "all"] | bool | None = "all",
+    context: Literal["state", "alloc", "all"] | None = "all",
+    stacks: Literal["python", "all"] = "all",
+    max_entries: int = sys.maxsize,
+    device: Device = None,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: list[str] | None = None,
+) -> None:
+    """Start or stop recording allocator history for :func:`_snapshot`.
+
+    Same signature as ``torch.cuda.memory._record_memory_history``.
+
+    Args:
+        enabled: ``None`` stops recording; ``"state"`` keeps stacks of live allocations only;
+            ``"all"`` also keeps the last ``max_entries`` alloc/free events
+            (``snapshot["device_traces"]``). ``True``/``False`` mean ``"all"``/``None``.
+        context: ``None`` records no stacks; any of ``"state"``, ``"alloc"``, ``"all"`` records
+            the Python stack of each allocation.
+        stacks: ``"python"`` or ``"all"``; only Python frames are recorded either way.
+        max_entries: size of the event ring buffer (used with ``enabled="all"``).
+        device: validated like every other ``device`` argument; recording covers all devices,
+            as in ``torch.cuda``.
+        clear_history, compile_context, global_record_annotations, skip_actions: accepted for
+            signature compatibility; only their default values are supported.
+    """
+    if isinstance(enabled, bool):
+        enabled = "all" if enabled else None
+    if enabled is not None and enabled not in _HISTORY_ENABLED:
+        raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
+    if context is not None and context not in _HISTORY_CONTEXT:
+        raise ValueError(f"context must be None, 'state', 'alloc' or 'all', got {context!r}")
+    if stacks not in _HISTORY_STACKS:
+        raise ValueError(f"stacks must be 'python' or 'all', got {stacks!r}")
+    if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+        raise ValueError(f"max_entries must be a positive int, got {max_entries!r}")
+    unsupported = {
+        "clear_history": clear_history,
+        "compile_context": compile_context,
+        "global_record_annotations": global_record_annotations,
+        "skip_actions": bool(skip_actions),
+    }
+    for name, value in unsupported.items():
+        if value:
+            raise NotImplementedError(
+                f"_record_memory_history({name}=...) is not supported by the {DEVICE_TYPE} allocator; "
+                "leave it at its default"
+            )
+    if device is not None:
+        _device_index(device)
+    entries = min(max_entries, 2**63 - 1) if enabled == "all" else 1
+    _lib().record_memory_history(enabled is not None, context is not None, entries)
+
+
+def _snapshot(device: Device = None) -> Snapshot:
+    """Return the allocator state and recorded history of all devices.
+
+    The dict has the layout of ``torch.cuda.memory._snapshot()`` (see the :class:`Snapshot`,
+    :class:`Segment`, :class:`Block`, :class:`TraceEntry` and :class:`Frame` types) and can be
+    passed to ``torch.cuda._memory_viz``. As in ``torch.cuda``, ``device`` does not filter: the
+    snapshot always covers every device; it is only validated.
+    """
+    if device is not None:
+        _device_index(device)
+    snapshot: Snapshot = _lib().snapshot()
+    return snapshot
+
+
+def memory_snapshot(device: Device = None) -> list[Segment]:
+    """Return the allocator's segments (``_snapshot()["segments"]``).
+
+    ``None`` returns the segments of every device, like ``torch.cuda.memory_snapshot()``; a given
+    device returns only that device's segments.
+    """
+    if device is None:
+        return _snapshot()["segments"]
+    index = _device_index(device)
+    return [seg for seg in _snapshot()["segments"] if seg["device"] == index]
+
+
+def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+    """Pickle :func:`_snapshot` to ``filename`` for https://pytorch.org/memory_viz.
+
+    Written with pickle protocol 4, the newest the viewer's unpickler reads.
+    """
+    snapshot = _snapshot()
+    with open(filename, "wb") as f:
+        pickle.dump(snapshot, f, protocol=SNAPSHOT_PICKLE_PROTOCOL)
+
+
+def _snapshot_problems(snapshot: Mapping[str, Any]) -> list[str]:
+    """List the ways ``snapshot`` would break ``_memory_viz`` or the MemoryViz.js viewer.
+
+    Checks value types, block tiling and states, that ``device_traces`` covers every device
+    with segments, and replays each device's trace backwards from the final segments the way the
+    viewer's "Allocator State History" does, requiring every live block to sit in a live
+    segment. Returns an empty list for a consistent snapshot.
+    """
+    problems: list[str] = []
+    segments = snapshot.get("segments", [])
+    traces = snapshot.get("device_traces", [])
+    states = ("active_allocated", "active_pending_free", "inactive")
+    live_blocks: dict[int, dict[int, int]] = collections.defaultdict(dict)
+    live_segments: dict[int, dict[int, int]] = collections.defaultdict(dict)
+    for i, seg in enumerate(segments):
+        where = f"segments[{i}]"
+        device = seg.get("device")
+        if not isinstance(device, int) or isinstance(device, bool):
+            problems.append(f"{where}: 'device' must be an int, got {device!r}")
+            continue
+        if device >= len(traces):
+            problems.append(f"{where}: device {device} has no device_traces entry ({len(traces)} lists)")
+        bad_keys = [key for key in ("address", "total_size", "stream") if not isinstance(seg.get(key), int)]
+        if bad_keys:
+            problems.append(f"{where}: {bad_keys} must be ints")
+            continue
+        offset = 0
+        for j, block in enumerate(seg.get("blocks", [])):
+            bwhere = f"{where}.blocks[{j}]"
+            if block.get("state") not in states:
+                problems.append(f"{bwhere}: state {block.get('state')!r} not in {states}")
+            if "frames" not in block or "requested_size" not in block:
+                problems.append(f"{bwhere}: needs both 'frames' and 'requested_size'")
+            elif block["requested_size"] > block["size"] and block.get("state") == "active_allocated":
+                problems.append(f"{bwhere}: requested_size {block['requested_size']} > size {block['size']}")
+            if "address" in block and block["address"] != seg["address"] + offset:
+                problems.append(f"{bwhere}: address {block['address']} != segment address + {offset}")
+            if block.get("state") in states[:2]:
+                live_blocks[device][seg["address"] + offset] = block["size"]
+            offset += block["size"]
+        if offset != seg["total_size"]:
+            problems.append(f"{where}: blocks cover {offset} bytes, total_size is {seg['total_size']}")
+        live_segments[device][seg["address"]] = seg["total_size"]
+
+    for device, trace in enumerate(traces):
+        problems.extend(_replay_problems(device, trace, live_blocks[device], live_segments[device]))
+    return problems
+
+
+def _replay_problems(
+    device: int, trace: list[dict[str, Any]], blocks: dict[int, int], segs: dict[int, int]
+) -> list[str]:
+    """Undo ``trace`` from the final ``blocks``/``segs`` (address -> size); stop at the first fault.
+
+    Expandable-segment ``segment_map``/``segment_unmap`` are treated like whole segments.
+    """
+    where = f"device_traces[{device}]"
+
+    def stray_block() -> int | None:
+        for addr, size in blocks.items():
+            if not any(s <= addr and addr + size <= s + n for s, n in segs.items()):
+                return addr
+        return None
+
+    stray = stray_block()
+    if stray is not None:
+        return [f"{where}: final state has block {stray:#x} outside every segment"]
+    for k in range(len(trace) - 1, -1, -1):
+        entry = trace[k]
+        action = entry.get("action")
+        if action == "oom":
+            if not isinstance(entry.get("device_free"), int) or not isinstance(entry.get("size"), int):
+                return [f"{where}[{k}]: oom entry needs int 'size' and 'device_free'"]
+            continue
+        if action == "snapshot":
+            continue
+        addr, size = entry.get("addr"), entry.get("size")
+        if not isinstance(addr, int) or not isinstance(size, int):
+            return [f"{where}[{k}]: {action!r} entry needs int 'addr' and 'size'"]
+        if addr >= 2**53 or size >= 2**53:
+            return [f"{where}[{k}]: addr/size of 2**53 or more lose precision in the JS viewer"]
+        if action == "alloc":
+            blocks.pop(addr, None)
+        elif action == "free_completed":
+            blocks[addr] = size
+        elif action == "free_requested":
+            if addr not in blocks:
+                detail = "which is neither freed later in the trace nor live in the segments"
+                return [f"{where}[{k}]: free_requested of {addr:#x}, {detail}"]
+        elif action in ("segment_alloc", "segment_map"):
+            if segs.pop(addr, None) is None:
+                return [f"{where}[{k}]: {action} of {addr:#x}, which is not a segment at that point"]
+        elif action in ("segment_free", "segment_unmap"):
+            segs[addr] = size
+        else:
+            return [f"{where}[{k}]: unknown action {action!r}"]
+        stray = stray_block()
+        if stray is not None:
+            return [f"{where}[{k}]: before this {action}, block {stray:#x} lies outside every segment"]
+    return []

@@ -1,0 +1,274 @@
+"""Chrome Trace Event Format export (chrome://tracing, Perfetto UI) and a format checker.
+
+Layout of the exported trace:
+
+* one process per device: ``pid`` = device index, named ``neuron:<index>`` (events with a negative
+  device index go to the ``host`` process, ``pid`` :data:`HOST_PID`);
+* one thread per engine class: ``tid`` from :data:`ENGINE_TIDS` (tensor=1 ... host=6), named after the
+  engine, in that order;
+* kernels, DMA transfers and compile steps are complete events (``ph: 'X'``) with ``ts``/``dur`` in
+  microseconds; syncs and OOMs (and zero-length markers) are instant events (``ph: 'i'``);
+* ``args`` carry shapes, dtypes, bytes, FLOPs, new-signature flag, source line and, when present, the
+  roofline ESTIMATE (``estimate_us``, labelled as an estimate);
+* ``otherData`` carries the trace metadata (profile, dropped count, clock origin).
+
+:func:`validate_chrome_trace` checks the parts of the format the viewers rely on.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from torchneuron_lab.tracing.events import ENGINES, KernelEvent, Trace, device_name
+
+__all__ = [
+    "ENGINE_TIDS",
+    "HOST_PID",
+    "PHASES",
+    "chrome_trace_problems",
+    "to_chrome_trace",
+    "validate_chrome_trace",
+    "write_chrome_trace",
+]
+
+#: Thread id of each engine lane inside a device process.
+ENGINE_TIDS: dict[str, int] = {engine: i + 1 for i, engine in enumerate(ENGINES)}
+#: Process id used for events whose device index is negative (host-only events).
+HOST_PID = 1_000_000
+#: Every phase letter of the Trace Event Format.
+PHASES: frozenset[str] = frozenset("BEXiICbnestfPNODMVvRc")
+
+_INSTANT_KINDS = {"sync": "t", "oom": "p"}  # kind -> instant scope
+_METADATA_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index", "process_labels"}
+_PROCESS_METADATA = {"process_name", "process_sort_index", "process_labels"}
+_NS_PER_US = 1000.0
+
+
+def _pid(device: int) -> int:
+    return device if device >= 0 else HOST_PID
+
+
+def _tid_map(events: list[KernelEvent]) -> dict[str, int]:
+    tids = dict(ENGINE_TIDS)
+    unknown = sorted({e.engine for e in events} - set(tids))
+    for i, engine in enumerate(unknown):
+        tids[engine] = len(ENGINE_TIDS) + 1 + i
+    return tids
+
+
+def _args(e: KernelEvent, profile: str | None) -> dict[str, Any]:
+    args: dict[str, Any] = {"seq": e.seq, "kind": e.kind, "device": e.device_name}
+    if e.shapes:
+        args["shapes"] = e.shapes
+    if e.dtypes:
+        args["dtypes"] = e.dtypes
+    args["bytes_read"] = e.bytes_read
+    args["bytes_written"] = e.bytes_written
+    if e.flops:
+        args["flops"] = e.flops
+    if e.direction:
+        args["direction"] = e.direction
+    args["new_signature"] = e.new_signature
+    if e.subgraph >= 0:
+        args["subgraph"] = e.subgraph
+    args["thread"] = e.thread
+    if e.location:
+        args["source"] = e.location
+    if e.est_ns is not None:
+        args["estimate_us"] = e.est_ns / _NS_PER_US
+        args["estimate_note"] = (
+            f"roofline ESTIMATE for {profile or 'the device profile'}, not a measurement"
+        )
+    return args
+
+
+def to_chrome_trace(
+    events: Trace | Iterable[KernelEvent],
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    relative: bool = True,
+) -> dict[str, Any]:
+    """Convert events to a Chrome Trace Event Format dict (JSON Object Format).
+
+    Args:
+        events: a :class:`Trace` (its :meth:`Trace.info` becomes metadata) or any iterable of events.
+        metadata: extra JSON-serialisable metadata for ``otherData`` (overrides the trace's).
+        relative: make ``ts`` relative to the earliest event (``otherData.t0_ns`` keeps the origin);
+            False keeps the recorder's absolute steady-clock times (converted to microseconds).
+
+    Returns:
+        ``{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}``.
+    """
+    if isinstance(events, Trace):
+        info: dict[str, Any] = events.info()
+        evs = list(events.events)
+    else:
+        info = {}
+        evs = list(events)
+    info.update(metadata or {})
+    profile = info.get("profile")
+
+    t0 = min((e.start_ns for e in evs), default=0) if relative else 0
+    tids = _tid_map(evs)
+    out: list[dict[str, Any]] = []
+
+    # Metadata events: process per device, thread per engine lane actually used.
+    for dev in sorted({e.device for e in evs}):
+        pid = _pid(dev)
+        out.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": device_name(dev)}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": pid, "args": {"sort_index": pid}})
+        for engine in sorted({e.engine for e in evs if e.device == dev}, key=lambda x: tids[x]):
+            tid = tids[engine]
+            out.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": engine}})
+            out.append(
+                {"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}}
+            )
+
+    for e in sorted(evs, key=lambda x: (x.start_ns, x.seq)):
+        cat = e.kind + (",new_signature" if e.new_signature else "")
+        base: dict[str, Any] = {
+            "name": e.name,
+            "cat": cat,
+            "pid": _pid(e.device),
+            "tid": tids[e.engine],
+            "ts": (e.start_ns - t0) / _NS_PER_US,
+            "args": _args(e, profile),
+        }
+        if e.kind in _INSTANT_KINDS or (e.kind == "marker" and e.dur_ns == 0):
+            base["ph"] = "i"
+            base["s"] = _INSTANT_KINDS.get(e.kind, "t")
+            if e.dur_ns:
+                base["args"]["wait_us"] = e.dur_ns / _NS_PER_US
+        else:
+            base["ph"] = "X"
+            base["dur"] = e.dur_ns / _NS_PER_US
+        out.append(base)
+
+    other = {"generator": "torchneuron_lab", "clock": "steady_clock_ns", "t0_ns": t0, **info}
+    return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": other}
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def _is_id(x: Any) -> bool:
+    return (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, str)
+
+
+def chrome_trace_problems(obj: Any) -> list[str]:
+    """Every format problem found in ``obj`` (empty list: valid). See :func:`validate_chrome_trace`."""
+    problems: list[str] = []
+    if isinstance(obj, list):  # JSON Array Format
+        events: Any = obj
+    elif isinstance(obj, Mapping):
+        if "traceEvents" not in obj:
+            return ["missing key 'traceEvents'"]
+        events = obj["traceEvents"]
+        if not isinstance(events, list):
+            return [f"'traceEvents' must be a list, got {type(events).__name__}"]
+        unit = obj.get("displayTimeUnit")
+        if unit is not None and unit not in ("ms", "ns"):
+            problems.append(f"displayTimeUnit must be 'ms' or 'ns', got {unit!r}")
+        if "otherData" in obj and not isinstance(obj["otherData"], Mapping):
+            problems.append("'otherData' must be an object")
+    else:
+        return [f"a trace must be an object or a list of events, got {type(obj).__name__}"]
+
+    for i, ev in enumerate(events):
+        where = f"traceEvents[{i}]"
+        if not isinstance(ev, Mapping):
+            problems.append(f"{where}: event must be an object, got {type(ev).__name__}")
+            continue
+        ph = ev.get("ph")
+        if not isinstance(ph, str) or ph not in PHASES:
+            problems.append(f"{where}: 'ph' must be one of {''.join(sorted(PHASES))}, got {ph!r}")
+            continue
+        name = ev.get("name")
+        if ph != "E" and not isinstance(name, str):
+            problems.append(f"{where}: 'name' must be a string, got {name!r}")
+        if not _is_id(ev.get("pid")):
+            problems.append(f"{where}: 'pid' must be an int or string, got {ev.get('pid')!r}")
+        tid_optional = (ph == "M" and name in _PROCESS_METADATA) or ph == "C" or (
+            ph in "iI" and ev.get("s") in ("g", "p")
+        )
+        if ("tid" in ev or not tid_optional) and not _is_id(ev.get("tid")):
+            problems.append(f"{where}: 'tid' must be an int or string, got {ev.get('tid')!r}")
+        if "args" in ev and not isinstance(ev["args"], Mapping):
+            problems.append(f"{where}: 'args' must be an object")
+        if ph == "M":
+            if name not in _METADATA_NAMES:
+                problems.append(f"{where}: metadata event name must be one of {sorted(_METADATA_NAMES)}, got {name!r}")
+            args = ev.get("args")
+            if not isinstance(args, Mapping):
+                problems.append(f"{where}: metadata event needs an 'args' object")
+            elif name in ("process_name", "thread_name") and not isinstance(args.get("name"), str):
+                problems.append(f"{where}: {name} needs args.name as a string")
+            elif name in ("process_sort_index", "thread_sort_index") and not (
+                isinstance(args.get("sort_index"), int) and not isinstance(args.get("sort_index"), bool)
+            ):
+                problems.append(f"{where}: {name} needs args.sort_index as an int")
+            continue
+        if not _is_number(ev.get("ts")):
+            problems.append(f"{where}: 'ts' must be a finite number (microseconds), got {ev.get('ts')!r}")
+        if ph == "X":
+            dur: Any = ev.get("dur")
+            if not _is_number(dur):
+                problems.append(f"{where}: complete event needs a finite number 'dur', got {dur!r}")
+            elif dur < 0:
+                problems.append(f"{where}: 'dur' must be >= 0, got {dur!r}")
+        if ph in ("i", "I") and "s" in ev and ev["s"] not in ("g", "p", "t"):
+            problems.append(f"{where}: instant scope 's' must be 'g', 'p' or 't', got {ev['s']!r}")
+
+    try:
+        json.dumps(obj, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        problems.append(f"not JSON-serialisable: {exc}")
+    return problems
+
+
+def validate_chrome_trace(obj: Any) -> None:
+    """Check ``obj`` against the Chrome Trace Event Format; raise if anything is wrong.
+
+    Checked: the container (object with a ``traceEvents`` list, or a bare list), ``displayTimeUnit``,
+    each event's ``ph`` (a known phase), ``name``, ``pid``/``tid`` types, finite ``ts`` in
+    microseconds, complete events' non-negative ``dur``, instant scopes, metadata events' names and
+    args, ``args`` being an object, and the whole being strict JSON (no NaN/Infinity).
+
+    Raises:
+        ValueError: listing the problems found (up to 20, with the total count).
+    """
+    problems = chrome_trace_problems(obj)
+    if problems:
+        shown = "\n  ".join(problems[:20])
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        raise ValueError(f"invalid Chrome trace ({len(problems)} problem(s)):\n  {shown}{more}")
+
+
+def write_chrome_trace(
+    path: str | os.PathLike[str],
+    events: Trace | Iterable[KernelEvent],
+    metadata: Mapping[str, Any] | None = None,
+    *,
+    relative: bool = True,
+) -> Path:
+    """Write events as a Chrome trace JSON file (gzip-compressed when ``path`` ends in '.gz').
+
+    The trace is validated before anything is written. Returns the path written.
+    """
+    trace = to_chrome_trace(events, metadata, relative=relative)
+    validate_chrome_trace(trace)
+    p = Path(path)
+    data = json.dumps(trace, allow_nan=False, separators=(",", ":")).encode("utf-8")
+    if p.suffix == ".gz":
+        with gzip.open(p, "wb") as fh:
+            fh.write(data)
+    else:
+        p.write_bytes(data)
+    return p
