@@ -21,8 +21,17 @@ def register_device() -> None:
 
 
 def _autoload() -> None:
-    """``torch.backends`` entry point: ``import torch`` alone makes ``neuron`` available."""
-    register_device()
+    """``torch.backends`` entry point: ``import torch`` alone makes ``neuron`` available.
+
+    A failure here (no compiler, a broken build) must not make ``import torch`` itself fail: it is
+    reported as a warning, and ``import torchneuron_lab`` raises the full error.
+    """
+    try:
+        register_device()
+    except Exception as e:  # noqa: BLE001 - reported, and re-raised by an explicit import
+        import warnings
+
+        warnings.warn(f"torchneuron_lab: the neuron device could not be registered: {e}", stacklevel=2)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -86,6 +86,11 @@ _NOT_RANDOM = {
 }
 # Ops that return (partly) uninitialized memory, beyond OpInfo.has_nondeterministic_output.
 _UNINITIALIZED = {"resize_", "resize_as_"}
+# Positional args (index into sample.args) that the op's API requires to be CPU tensors on every
+# device; they are copied but not moved.
+_CPU_ARGS: dict[str, tuple[int, ...]] = {
+    "tensor_split": (0,),  # tensor_indices_or_sections "expected to be on cpu"
+}
 
 
 class PreflightError(RuntimeError):
@@ -94,6 +99,11 @@ class PreflightError(RuntimeError):
 
 # --------------------------------------------------------------------------------------------------
 # op list
+
+
+def device_type_of(device: str) -> str:
+    """'neuron:0' -> 'neuron', without torch.device (which rejects 'neuron' until the backend loads)."""
+    return str(device).split(":", 1)[0]
 
 
 def op_id(op: Any) -> str:
@@ -143,7 +153,7 @@ def chunk_of(items: Sequence, chunk: int, nchunks: int) -> list:
 
 def is_random_op(op: Any) -> bool:
     name = op.name
-    if name in _NOT_RANDOM or op_id(op) in _NOT_RANDOM:
+    if name in _NOT_RANDOM or op_id(op) in _NOT_RANDOM or name.startswith("__"):  # __rand__ etc.
         return False
     return bool(_RANDOM_WORDS.search(name))
 
@@ -373,13 +383,17 @@ def _call(op: Any, args: list) -> Any:
 def run_sample(op: Any, sample: Any, device: str, atol: float, rtol: float,
                shape_only: bool) -> tuple[str, str]:
     """('pass'|'fail'|'error'|'skip', message) for one sample."""
-    device_type = torch.device(device).type
+    dev_type = device_type_of(device)
     cpu_args = _sample_args(sample)
     if not all(_is_dense(t) for t in iter_tensors(cpu_args)):
         return "skip", "non-strided input"
     move_error = None
     try:  # copy before the CPU run, which may modify the sample in place
         dev_args = to_device(cpu_args, device)
+        for pos in _CPU_ARGS.get(op.name, ()):
+            if pos < len(cpu_args[1]) and isinstance(cpu_args[1][pos], torch.Tensor):
+                dev_args[1] = type(dev_args[1])(
+                    cpu_args[1][pos].clone() if k == pos else a for k, a in enumerate(dev_args[1]))
     except Exception as exc:
         move_error = exc
     try:
@@ -392,9 +406,13 @@ def run_sample(op: Any, sample: Any, device: str, atol: float, rtol: float,
         return "skip", "non-strided output"
     try:
         actual = _call(op, dev_args)
-        msg = compare(expected, actual, device_type, atol, rtol, shape_only, "out")
-        if msg is None:  # in-place updates of the sample's tensors
-            msg = compare(cpu_args, dev_args, device_type, atol, rtol, shape_only, "sample")
+        msg = compare(expected, actual, dev_type, atol, rtol, shape_only, "out")
+        if msg is None:  # in-place updates of the sample's tensors (non-tensor args are not compared)
+            for k, (e, a) in enumerate(zip(iter_tensors(cpu_args), iter_tensors(dev_args))):
+                msg = compare(e, a, a.device.type, atol, rtol, shape_only, f"sample tensor {k}")
+                if msg:
+                    msg += " (after the call: in-place update differs)"
+                    break
     except Exception as exc:
         return "error", _short(exc)
     return ("fail", msg) if msg else ("pass", "")
@@ -432,7 +450,7 @@ def run_op(op: Any, device: str, max_samples: int = DEFAULT_MAX_SAMPLES, seed: i
     if not samples:
         return _skip(oid, "no float32 samples")
 
-    atol, rtol = op_tolerance(op, torch.device(device).type)
+    atol, rtol = op_tolerance(op, device_type_of(device))
     shape_only = is_shape_only(op)
     counts = dict.fromkeys(("pass", "fail", "error", "skip"), 0)
     first: dict[str, str] = {}
@@ -507,7 +525,7 @@ def _prepare_process(device: str, preload: Sequence[str]) -> None:
 
 
 def default_preload(device: str) -> list[str]:
-    return ["torchneuron_lab"] if torch.device(device).type == "neuron" else []
+    return ["torchneuron_lab"] if device_type_of(device) == "neuron" else []
 
 
 def child_main(args: argparse.Namespace) -> int:
@@ -564,8 +582,12 @@ class SweepConfig:
     verbose: bool = True
 
 
-def _child_env() -> dict[str, str]:
+def _child_env(device: str = "cpu", preload: Sequence[str] = ()) -> dict[str, str]:
     env = dict(os.environ)
+    if device_type_of(device) == "cpu" and not preload:
+        # cpu-vs-cpu needs no device backend: do not let torch autoload one (entry point
+        # torch.backends) into the children, so the harness works even while a backend is broken
+        env.setdefault("TORCH_DEVICE_BACKEND_AUTOLOAD", "0")
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
         env[var] = "1"
     env["PYTHONFAULTHANDLER"] = "1"
@@ -583,13 +605,25 @@ def _signal_name(rc: int) -> str:
     return f"exit code {rc}"
 
 
-def _tail(path: Path, lines: int = 12, limit: int = 1200) -> str:
+_CRASH_MARKERS = ("Fatal Python error", "terminate called", "Segmentation fault", "Aborted",
+                  "AddressSanitizer", "Traceback (most recent call last)")
+
+
+def _tail(path: Path, lines: int = 20, limit: int = 1500) -> str:
+    """The informative part of a dead child's output: from the first crash marker (faulthandler's
+    'Fatal Python error', a C++ 'terminate called ...', a traceback) on, else the last lines;
+    faulthandler's long 'Extension modules: ...' line is dropped."""
     try:
         text = path.read_text(errors="replace")
     except OSError:
         return ""
-    out = "\n".join(text.strip().splitlines()[-lines:])
-    return out[-limit:]
+    all_lines = [ln for ln in text.strip().splitlines()
+                 if ln.strip() and not ln.startswith("Extension modules:")
+                 and not ln.lstrip().startswith("<frozen ")]
+    start = next((k for k, ln in enumerate(all_lines) if any(m in ln for m in _CRASH_MARKERS)), None)
+    picked = all_lines[start:start + lines] if start is not None else all_lines[-lines:]
+    out = "\n".join(picked)
+    return out if len(out) <= limit else out[: limit - 3] + "..."
 
 
 class _Progress:
@@ -736,7 +770,8 @@ class _Driver:
         timed_out = False
         with open(stderr_path, "w") as errf:
             proc = subprocess.Popen(cmd, stdout=errf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env=_child_env(), cwd=str(REPO_ROOT), start_new_session=True)
+                                    env=_child_env(self.cfg.device, self.preload), cwd=str(REPO_ROOT),
+                                    start_new_session=True)
             with self.lock:
                 self.procs.add(proc)
             try:
@@ -793,7 +828,8 @@ def preflight(device: str, preload: Sequence[str], timeout_s: float = 120.0) -> 
         "assert (t + 1).cpu().tolist() == [1.0, 2.0, 3.0, 4.0]\n"
     )
     try:
-        proc = subprocess.run([sys.executable, "-c", code, device, *preload], env=_child_env(),
+        proc = subprocess.run([sys.executable, "-c", code, device, *preload],
+                              env=_child_env(device, preload),
                               cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         raise PreflightError(f"device {device!r}: preflight timed out after {timeout_s:g} s") from None
@@ -824,12 +860,15 @@ def run_sweep(cfg: SweepConfig) -> dict:
     """Run the crash-isolated sweep; returns the report dict (not written anywhere)."""
     t0 = time.perf_counter()
     drv_preload = cfg.preload if cfg.preload is not None else default_preload(cfg.device)
-    if torch.device(cfg.device).type != "cpu" or drv_preload:
+    if device_type_of(cfg.device) != "cpu" or drv_preload:
         preflight(cfg.device, drv_preload)
     workers = max(1, cfg.workers)
-    nchunks = cfg.nchunks or workers * DEFAULT_CHUNKS_PER_WORKER
-    if cfg.only:
-        nchunks = max(1, min(nchunks, len(cfg.only)))
+    if cfg.nchunks:
+        nchunks = cfg.nchunks
+    elif cfg.only:  # a short explicit list: one chunk per worker
+        nchunks = max(1, min(workers, len(cfg.only)))
+    else:
+        nchunks = workers * DEFAULT_CHUNKS_PER_WORKER
     tmp = None
     if cfg.workdir:
         workdir = Path(cfg.workdir)

@@ -20,7 +20,7 @@ __all__ = ["lib", "is_loaded", "build_info"]
 
 _CSRC = Path(__file__).with_name("csrc")
 _SOURCES = ("runtime.cpp", "kernels.cpp")
-_EXTRA_CFLAGS = ["-O2", "-fvisibility=hidden", "-Wno-unused-parameter"]
+_EXTRA_CFLAGS = ["-O2", "-fvisibility=hidden", "-Wno-unused-parameter", "-DUSE_KINETO"]
 _lock = threading.Lock()
 _lib: ModuleType | None = None
 _info: dict[str, object] = {}
@@ -66,6 +66,7 @@ def lib() -> ModuleType:
     with _lock:
         if _lib is not None:
             return _lib
+        import torch
         from torch.utils import cpp_extension
 
         key = _source_hash()
@@ -86,6 +87,7 @@ def lib() -> ModuleType:
                 name="torchneuron_lab_C",
                 sources=[str(_CSRC / s) for s in _SOURCES],
                 extra_cflags=_EXTRA_CFLAGS,
+                extra_include_paths=[str(Path(torch.__file__).parent / "include" / "kineto")],
                 build_directory=str(build_dir),
                 verbose=os.environ.get("TORCHNEURON_LAB_VERBOSE_BUILD") == "1",
             )

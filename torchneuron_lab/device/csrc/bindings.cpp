@@ -264,6 +264,8 @@ void init_module(py::module& m) {
   install_hooks();
   install_redirect_cpu_allocator();
   install_profiler_stubs();
+  const int routed = route_composites_to_fallback();
+  m.attr("routed_composite_ops") = routed;
 
   m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
   m.def("runtime_started", &runtime_started);
@@ -324,13 +326,13 @@ void init_module(py::module& m) {
         py::arg("with_stack") = false);
   m.def("recorder_stop", &recorder_stop);
   m.def("recorder_clear", &recorder_clear);
-  m.def("recorder_enabled", []() { return recording(); });
+  m.def("recorder_enabled", []() { return (g_recording_flags.load() & kRecorderBit) != 0; });
   m.def("recorder_dropped", &recorder_dropped);
   m.def("recorder_read", &recorder_read_py);
   m.def("recorder_push", [](const std::string& kind, const std::string& name, int device, const std::string& engine,
                             int64_t start_ns, int64_t end_ns, int64_t bytes_read, int64_t bytes_written,
                             int64_t flops, int subgraph, const std::string& shapes) {
-    if (!recording()) return false;
+    if (!(g_recording_flags.load() & kRecorderBit)) return false;
     EventRecord ev;
     ev.kind = kind_from(kind);
     ev.engine = engine_from(engine);

@@ -787,3 +787,42 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
 }
 
 }  // namespace tnl
+
+namespace tnl {
+
+// Ops whose PrivateUse1 dispatch would otherwise land on a generic composite kernel (typically the
+// structured "functional = allocate + out=" wrapper) but that have a CPU kernel: route them straight
+// to the fallback, so the CPU kernel allocates its own output in device memory (one dispatch instead
+// of three). Returns the number of operators routed.
+int route_composites_to_fallback() {
+  static std::unique_ptr<torch::Library> lib;
+  if (lib) return -1;
+  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                         __LINE__);
+  int n = 0;
+  auto& disp = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : disp.getAllOpNames()) {
+    if (name.name.rfind("aten::", 0) != 0) continue;
+    auto op = disp.findOp(name);
+    if (!op.has_value() || !op->hasSchema()) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;  // native or already routed
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
+    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
+      continue;
+    const OpMeta& meta = op_meta(*op);
+    if (meta.view_only) continue;  // views keep their composite (as_strided based) kernels
+    const std::string full = name.overload_name.empty() ? name.name.substr(6)
+                                                        : name.name.substr(6) + "." + name.overload_name;
+    static const std::unordered_set<std::string> keep = {"copy_", "_to_copy", "clone", "lift_fresh",
+                                                         "_copy_from", "resize_", "set_", "empty_like",
+                                                         "new_empty", "new_empty_strided", "to",
+                                                         "contiguous", "detach", "_reshape_copy"};
+    if (keep.count(name.name.substr(6))) continue;
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace tnl

@@ -84,10 +84,14 @@ struct EventRecord {
   int64_t flops = 0;
 };
 
-extern std::atomic<bool> g_recording;
+// Bit 0: the lab's recorder is on; bit 1: a torch.profiler (Kineto) session is collecting.
+constexpr uint32_t kRecorderBit = 1;
+constexpr uint32_t kKinetoBit = 2;
+extern std::atomic<uint32_t> g_recording_flags;
 inline bool recording() {
-  return g_recording.load(std::memory_order_relaxed);
+  return g_recording_flags.load(std::memory_order_relaxed) != 0;
 }
+void kineto_capture(const EventRecord& ev);  // profiler.cpp
 bool record_shapes_enabled();
 bool with_stack_enabled();
 int32_t intern_string(const std::string& s);
@@ -100,5 +104,6 @@ void install_profiler_stubs();
 
 // ---- hooks.cpp / guard.cpp registration ----
 void install_hooks();
+int route_composites_to_fallback();
 
 }  // namespace tnl

@@ -11,7 +11,7 @@
 
 namespace tnl {
 
-std::atomic<bool> g_recording{false};
+std::atomic<uint32_t> g_recording_flags{0};
 
 namespace {
 
@@ -88,11 +88,14 @@ std::string string_of(int32_t id) {
 }
 
 void push_event(EventRecord ev) {
+  const uint32_t flags = g_recording_flags.load(std::memory_order_relaxed);
+  if (flags & kKinetoBit) kineto_capture(ev);
+  if (!(flags & kRecorderBit)) return;
   std::shared_ptr<torch::CapturedTraceback> stack;
   Recorder& r = rec();
   if (r.with_stack) stack = torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false);
   std::lock_guard<std::mutex> lock(r.mu);
-  if (!g_recording.load(std::memory_order_relaxed)) return;
+  if (!(g_recording_flags.load(std::memory_order_relaxed) & kRecorderBit)) return;
   if (r.ring.size() != r.capacity) r.ring.resize(r.capacity);
   Slot& s = r.ring[r.next];
   s.ev = ev;
@@ -130,9 +133,9 @@ void recorder_start(size_t capacity, bool record_shapes, bool with_stack) {
   }
   r.record_shapes = record_shapes;
   r.with_stack = with_stack;
-  g_recording.store(true);
+  g_recording_flags.fetch_or(kRecorderBit);
 }
-void recorder_stop() { g_recording.store(false); }
+void recorder_stop() { g_recording_flags.fetch_and(~kRecorderBit); }
 void recorder_clear() {
   Recorder& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);

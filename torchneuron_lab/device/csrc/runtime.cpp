@@ -1,5 +1,7 @@
 // Unity translation unit for the runtime: one concern per included file, compiled once (keeps the
 // build to two translation units on small machines). kernels.cpp is the other unit.
+// Kineto's inline activity methods format with fmt; torch does not export fmt, so compile it in.
+#define FMT_HEADER_ONLY 1
 #include "config.cpp"
 #include "guard.cpp"
 #include "allocator.cpp"
