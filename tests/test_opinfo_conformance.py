@@ -130,6 +130,10 @@ def hook(ops):
 
 def hook_abort_at_startup(ops):
     os.abort()
+
+
+def hook_hang_at_startup(ops):
+    time.sleep(3600)
 '''
 
 
@@ -160,7 +164,7 @@ def test_driver_records_crash_timeout_and_continues(tmp_path):
     assert report["summary_line"].endswith("pass rate 33.3% of runnable (pass/(pass+fail+error+crash))")
 
 
-def test_driver_records_startup_crash(tmp_path):
+def test_driver_records_startup_crash_and_hang(tmp_path):
     hook_file = tmp_path / "fake_ops_hook.py"
     hook_file.write_text(textwrap.dedent(_HOOK))
     cfg = sweep.SweepConfig(device="cpu", workers=1, nchunks=1,
@@ -169,6 +173,13 @@ def test_driver_records_startup_crash(tmp_path):
     assert [(r["op"], r["status"]) for r in report["results"]] == [
         ("<chunk 0 attempt 0 startup>", "crash")]
     assert report["summary"]["crash"] == 1
+
+    cfg = sweep.SweepConfig(device="cpu", workers=1, nchunks=1, startup_timeout_s=2.0,
+                            ops_hook=f"{hook_file}:hook_hang_at_startup", verbose=False)
+    report = sweep.run_sweep(cfg)
+    assert [(r["op"], r["status"]) for r in report["results"]] == [
+        ("<chunk 0 attempt 0 startup>", "error")]
+    assert report["results"][0]["message"].startswith("timeout")
 
 
 def test_compare_and_move_helpers():

@@ -61,6 +61,9 @@ import torch
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_MAX_SAMPLES = 8
 DEFAULT_TIMEOUT_S = 60.0
+# A child with no op running (importing the backend, which may JIT-build it, or exiting) that is
+# silent for this long is killed; also the preflight's limit.
+DEFAULT_STARTUP_TIMEOUT_S = 600.0
 DEFAULT_WORKERS = 2
 DEFAULT_CHUNKS_PER_WORKER = 4
 DTYPE = torch.float32
@@ -575,6 +578,7 @@ class SweepConfig:
     nchunks: int | None = None
     max_samples: int = DEFAULT_MAX_SAMPLES
     timeout_s: float = DEFAULT_TIMEOUT_S
+    startup_timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S
     only: list[str] | None = None
     ops_hook: str | None = None
     preload: list[str] | None = None
@@ -639,6 +643,7 @@ class _Progress:
         self.current: str | None = None
         self.current_t = 0.0
         self.ended = False
+        self.last_event_t = time.time()
 
     def poll(self) -> None:
         try:
@@ -650,6 +655,8 @@ class _Progress:
             return
         self.buf += data
         *lines, self.buf = self.buf.split("\n")
+        if lines:
+            self.last_event_t = time.time()
         for line in lines:
             if not line.strip():
                 continue
@@ -723,7 +730,7 @@ class _Driver:
             tail = _tail(stderr_path)
             if prog.current is not None:
                 culprit = prog.current
-                if timed_out:
+                if timed_out == "op":
                     rec = {"op": culprit, "status": "error", "passed": 0, "total": 0,
                            "message": f"timeout: op still running after {self.cfg.timeout_s:g} s "
                                       f"(child killed)"}
@@ -745,15 +752,22 @@ class _Driver:
                 else:
                     where = "between ops"
                 pseudo = f"<chunk {chunk} attempt {attempt} {where}>"
-                self._add([{"op": pseudo, "status": "crash", "passed": 0, "total": 0,
-                            "message": f"child died ({_signal_name(rc)}) outside any op "
-                                       f"(out file {'present' if out.exists() else 'missing'}); "
-                                       f"stderr tail:\n{tail}"}])
-                self.log(f"[opinfo] chunk {chunk}: child died ({_signal_name(rc)}) at {where}")
+                if timed_out:
+                    self._add([{"op": pseudo, "status": "error", "passed": 0, "total": 0,
+                                "message": f"timeout: child silent outside any op for "
+                                           f"{self.cfg.startup_timeout_s:g} s (killed); output tail:\n"
+                                           f"{tail}"}])
+                    self.log(f"[opinfo] chunk {chunk}: child hung at {where}, killed")
+                else:
+                    self._add([{"op": pseudo, "status": "crash", "passed": 0, "total": 0,
+                                "message": f"child died ({_signal_name(rc)}) outside any op "
+                                           f"(out file {'present' if out.exists() else 'missing'}); "
+                                           f"stderr tail:\n{tail}"}])
+                    self.log(f"[opinfo] chunk {chunk}: child died ({_signal_name(rc)}) at {where}")
                 if not prog.results and plan is not None:
                     # no progress in this attempt: do not loop; the rest of the chunk is not run
                     self._add([{"op": oid, "status": "error", "passed": 0, "total": 0,
-                                "message": f"not run: child died outside any op ({pseudo})",
+                                "message": f"not run: child failed outside any op ({pseudo})",
                                 **({"index": index[oid]} if oid in index else {})}
                                for oid in plan if oid not in done])
                     return
@@ -765,9 +779,10 @@ class _Driver:
             attempt += 1
 
     def _spawn(self, cmd: list[str], progress_path: Path,
-               stderr_path: Path) -> tuple[int, _Progress, bool]:
+               stderr_path: Path) -> tuple[int, _Progress, str | None]:
+        """Run one child to its end; (returncode, progress, None | 'op' | 'idle' when killed)."""
         prog = _Progress(progress_path)
-        timed_out = False
+        timed_out: str | None = None
         with open(stderr_path, "w") as errf:
             proc = subprocess.Popen(cmd, stdout=errf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     env=_child_env(self.cfg.device, self.preload), cwd=str(REPO_ROOT),
@@ -782,8 +797,12 @@ class _Driver:
                     except subprocess.TimeoutExpired:
                         pass
                     prog.poll()
-                    if prog.current is not None and time.time() - prog.current_t > self.cfg.timeout_s:
-                        timed_out = True
+                    now = time.time()
+                    if prog.current is not None and now - prog.current_t > self.cfg.timeout_s:
+                        timed_out = "op"
+                    elif prog.current is None and now - prog.last_event_t > self.cfg.startup_timeout_s:
+                        timed_out = "idle"
+                    if timed_out:
                         _kill(proc)
                         rc = proc.wait()
                         break
@@ -818,7 +837,8 @@ def _kill(proc: subprocess.Popen) -> None:
             pass
 
 
-def preflight(device: str, preload: Sequence[str], timeout_s: float = 120.0) -> None:
+def preflight(device: str, preload: Sequence[str],
+              timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
     """Check in a child process that the preload modules import and ``device`` can hold a tensor."""
     code = (
         "import importlib, sys, torch\n"
@@ -861,7 +881,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
     t0 = time.perf_counter()
     drv_preload = cfg.preload if cfg.preload is not None else default_preload(cfg.device)
     if device_type_of(cfg.device) != "cpu" or drv_preload:
-        preflight(cfg.device, drv_preload)
+        preflight(cfg.device, drv_preload, cfg.startup_timeout_s)
     workers = max(1, cfg.workers)
     if cfg.nchunks:
         nchunks = cfg.nchunks
@@ -923,7 +943,7 @@ def run_sweep(cfg: SweepConfig) -> dict:
         "wall_time_s": round(wall, 2),
         "config": {
             "workers": workers, "nchunks": nchunks, "max_samples": cfg.max_samples,
-            "timeout_s": cfg.timeout_s, "only": cfg.only, "ops_hook": cfg.ops_hook,
+            "timeout_s": cfg.timeout_s, "startup_timeout_s": cfg.startup_timeout_s, "only": cfg.only, "ops_hook": cfg.ops_hook,
             "preload": drv.preload, "child_processes": drv.attempts,
             "default_atol": DEFAULT_ATOL, "default_rtol": DEFAULT_RTOL,
         },
@@ -1015,6 +1035,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"op chunks (default {DEFAULT_CHUNKS_PER_WORKER} per worker)")
     d.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                    help=f"per-op timeout in seconds (default {DEFAULT_TIMEOUT_S:g})")
+    d.add_argument("--startup-timeout", type=float, default=DEFAULT_STARTUP_TIMEOUT_S,
+                   help="kill a child silent this long outside any op (backend import/build, exit); "
+                        f"also the device preflight's limit (default {DEFAULT_STARTUP_TIMEOUT_S:g})")
     d.add_argument("--report", help="report path stem (writes STEM.json and STEM.md); "
                                     "default reports/opinfo_<device>")
     d.add_argument("--workdir", help="keep the children's progress files and logs here")
@@ -1045,7 +1068,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return child_main(args)
 
     cfg = SweepConfig(device=args.device, workers=args.workers, nchunks=args.nchunks,
-                      max_samples=args.max_samples, timeout_s=args.timeout, only=_split_list(args.only),
+                      max_samples=args.max_samples, timeout_s=args.timeout,
+                      startup_timeout_s=args.startup_timeout, only=_split_list(args.only),
                       ops_hook=args.ops_hook, preload=args.preload, workdir=args.workdir,
                       verbose=not args.quiet)
     try:

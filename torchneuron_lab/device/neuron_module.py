@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from . import memory  # torch.neuron.memory, like torch.cuda.memory
 from ._backend import lib as _lib
 from .memory import (
     _dump_snapshot,
@@ -37,7 +38,7 @@ __all__ = [
     "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict", "memory_summary",
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed",
     "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "synchronize", "_dump_snapshot",
-    "_record_memory_history", "_snapshot", "default_generators",
+    "_record_memory_history", "_snapshot", "default_generators", "memory",
 ]
 
 _DeviceLike = torch.device | str | int | None

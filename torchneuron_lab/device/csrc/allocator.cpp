@@ -132,15 +132,20 @@ class DeviceAllocator {
     update_stat(stats_.active_bytes, block->small, block->size);
     update_stat(stats_.requested_bytes, block->small, n);
     if (g_record_history.load(std::memory_order_relaxed)) trace("alloc", block->ptr, block->size, ctx);
-    return c10::DataPtr(block->ptr, block, &neuron_block_free, c10::Device(kNeuron, device_));
+    // context == data pointer, so raw_allocate()/raw_deallocate() (used by CPU kernels for scratch
+    // space while a neuron kernel runs) work on these blocks too.
+    return c10::DataPtr(block->ptr, block->ptr, &neuron_block_free, c10::Device(kNeuron, device_));
   }
 
-  void free(Block* block) {
+  // Frees the block starting at p; false if p is not a live block of this device.
+  bool free_ptr(void* p) {
     std::shared_ptr<c10::GatheredContext> ctx;
     if (g_record_history.load(std::memory_order_relaxed) && g_record_context.load() && g_context_fn)
       ctx = g_context_fn();
     std::lock_guard<std::mutex> lock(mu_);
-    TORCH_INTERNAL_ASSERT(block->allocated, "neuron allocator: double free");
+    auto it = active_.find(static_cast<char*>(p));
+    if (it == active_.end()) return false;
+    Block* block = it->second;
     if (g_record_history.load(std::memory_order_relaxed)) {
       trace("free_requested", block->ptr, block->size, ctx);
       trace("free_completed", block->ptr, block->size, ctx);
@@ -167,6 +172,7 @@ class DeviceAllocator {
       update_stat(stats_.inactive_split_bytes, block->small, block->size);
     }
     pool(block->small).insert(block);
+    return true;
   }
 
   // Returns cached, wholly free segments to the host. Caller holds no lock.
@@ -449,9 +455,23 @@ DeviceAllocator* get_device(int d) {
   return a;
 }
 
-void neuron_block_free(void* ctx) {
-  auto* b = static_cast<Block*>(ctx);
-  get_device(b->device)->free(b);
+DeviceAllocator* peek_device(int d);
+
+bool free_neuron_ptr(void* ptr) {
+  for (int d = 0; d < 64; ++d) {
+    DeviceAllocator* a = peek_device(d);
+    if (a == nullptr) {
+      if (d >= device_count()) break;
+      continue;
+    }
+    if (a->free_ptr(ptr)) return true;
+  }
+  return false;
+}
+
+void neuron_block_free(void* ptr) {
+  const bool ok = free_neuron_ptr(ptr);
+  TORCH_INTERNAL_ASSERT(ok, "neuron allocator: free of an unknown pointer");
 }
 
 class NeuronAllocator final : public c10::Allocator {
@@ -464,6 +484,16 @@ class NeuronAllocator final : public c10::Allocator {
 };
 
 thread_local int tls_redirect_device = -1;
+c10::DeleterFnPtr g_base_raw_deleter = nullptr;
+
+// raw_deallocate() through the CPU allocator: the pointer may be a neuron block (allocated while a
+// kernel ran) or ordinary host memory.
+void redirect_raw_free(void* ptr) {
+  if (ptr == nullptr) return;
+  if (free_neuron_ptr(ptr)) return;
+  TORCH_INTERNAL_ASSERT(g_base_raw_deleter != nullptr, "CPU allocator has no raw deleter");
+  g_base_raw_deleter(ptr);
+}
 
 class RedirectCpuAllocator final : public c10::Allocator {
  public:
@@ -478,6 +508,7 @@ class RedirectCpuAllocator final : public c10::Allocator {
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
+  c10::DeleterFnPtr raw_deleter() const override { return &redirect_raw_free; }
   c10::Allocator* base() const { return base_; }
 
  private:
@@ -509,7 +540,9 @@ c10::Allocator* redirect_cpu_allocator() { return g_redirect; }
 void install_redirect_cpu_allocator() {
   if (g_redirect != nullptr) return;
   // Wrap whatever CPU allocator is active; outside a neuron kernel every call is forwarded to it.
-  g_redirect = new RedirectCpuAllocator(c10::GetCPUAllocator());
+  c10::Allocator* base = c10::GetCPUAllocator();
+  g_base_raw_deleter = base->raw_deleter();
+  g_redirect = new RedirectCpuAllocator(base);
   c10::SetCPUAllocator(g_redirect, /*priority=*/100);
 }
 
