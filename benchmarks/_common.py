@@ -1,0 +1,296 @@
+"""Shared timing harness for the benchmark scripts in this folder.
+
+Method (the same for every script):
+
+- One process, one thread setting: ``torch.set_num_threads(N)`` is called once (``--threads``,
+  default: torch's own default in this process) and applies to both sides.
+- Each side of a comparison is a loop compiled from a statement string, so the statement is inlined
+  in a ``for`` loop the way ``timeit`` does it (no per-iteration Python call of a lambda).
+  Garbage collection is off inside a timed block and the block ends with a device synchronize.
+- Warm-up: both sides run untimed first; the warm-up also calibrates the number of iterations per
+  block so one block of the baseline lasts about ``target_s``. Both sides use the same count.
+- Repeats: ``rounds`` rounds; each round times one block of every variant, and the order of the
+  variants alternates (A B, B A, ...) so drift of the machine (frequency, other load) hits both.
+- Reported: median and min of the per-block ns/iteration of each side; the ratio is the **median of
+  the per-round ratios** (paired, so slow drift cancels) and, for reference, min/min.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+_DEFAULT_THREADS = torch.get_num_threads()
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="few, short repeats (CI smoke run; numbers are noisy)")
+    p.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=_DEFAULT_THREADS,
+        help=f"torch.set_num_threads for both sides (default: torch's default here, {_DEFAULT_THREADS})",
+    )
+    p.add_argument("--rounds", type=int, default=None, help="override the number of interleaved rounds")
+    p.add_argument(
+        "--strict", action="store_true", help="exit with status 1 when a bar fails (default: report only)"
+    )
+    return p
+
+
+def setup(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    import torchneuron_lab  # noqa: F401  (registers the neuron device; builds the C++ core on first use)
+
+    torch.manual_seed(0)
+
+
+def sync_neuron() -> None:
+    torch.neuron.synchronize()  # type: ignore[attr-defined]
+
+
+# ---------------------------------------------------------------------------------------------------
+# loops
+
+
+def _indent(code: str, prefix: str) -> str:
+    return "\n".join(prefix + line for line in code.strip("\n").splitlines()) if code.strip() else prefix + "pass"
+
+
+def make_loop(
+    stmt: str, env: dict[str, Any], setup: str = "", teardown: str = "", sync: str = "_sync()"
+) -> Any:
+    """Compile a timed loop around ``stmt``; returns ``_loop(n) -> elapsed ns`` for ``n`` iterations.
+
+    ``def _loop(_n): <setup>; t0; for _ in range(_n): <stmt>; <sync>; dt = now - t0; <teardown>``.
+    ``stmt`` may span several lines. ``setup``/``teardown`` run untimed. ``env`` supplies the names.
+    """
+    src = (
+        "def _loop(_n):\n"
+        f"{_indent(setup, '    ')}\n"
+        "    _t0 = _now()\n"
+        "    for _ in range(_n):\n"
+        f"{_indent(stmt, '        ')}\n"
+        f"{_indent(sync, '    ')}\n"
+        "    _dt = _now() - _t0\n"
+        f"{_indent(teardown, '    ')}\n"
+        "    return _dt\n"
+    )
+    g: dict[str, Any] = {"_now": time.perf_counter_ns, "_sync": sync_neuron, "torch": torch}
+    g.update(env)
+    exec(compile(src, f"<bench loop: {stmt.strip()[:40]}>", "exec"), g)
+    return g["_loop"]
+
+
+def _timed(loop: Any, n: int) -> float:
+    """ns per iteration of one block, with the garbage collector off."""
+    gc.collect()
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        ns = loop(n)
+    finally:
+        if gc_was:
+            gc.enable()
+    return ns / n
+
+
+def calibrate(loop: Any, target_s: float, min_n: int = 1, max_n: int = 1_000_000) -> int:
+    """Iterations so one block of ``loop`` lasts about ``target_s`` (also serves as a warm-up)."""
+    n = min_n
+    while True:
+        per = _timed(loop, n)
+        if per * n >= target_s * 1e9 * 0.2 or n >= max_n:
+            break
+        n = min(max_n, n * 4)
+    return max(min_n, min(max_n, int(target_s * 1e9 / max(per, 1.0))))
+
+
+@dataclass
+class Side:
+    median_ns: float
+    min_ns: float
+    samples: list[float]
+
+    @classmethod
+    def of(cls, samples: list[float]) -> Side:
+        return cls(statistics.median(samples), min(samples), samples)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"median_ns": self.median_ns, "min_ns": self.min_ns, "samples_ns": self.samples}
+
+
+def interleave(
+    loops: dict[str, Any], n: int, rounds: int, warmup_blocks: int = 1
+) -> dict[str, Side]:
+    """Time every loop ``rounds`` times, alternating the order each round. Returns per-variant sides."""
+    names = list(loops)
+    for _ in range(warmup_blocks):
+        for k in names:
+            _timed(loops[k], n)
+    samples: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(rounds):
+        order = names if r % 2 == 0 else names[::-1]
+        for k in order:
+            samples[k].append(_timed(loops[k], n))
+    return {k: Side.of(v) for k, v in samples.items()}
+
+
+def paired_ratio(cand: Side, base: Side) -> float:
+    return statistics.median(c / b for c, b in zip(cand.samples, base.samples))
+
+
+# ---------------------------------------------------------------------------------------------------
+# reporting
+
+
+@dataclass
+class Report:
+    script: str
+    args: argparse.Namespace
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    ratios: list[dict[str, Any]] = field(default_factory=list)
+    costs: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -- collected results
+
+    def compare(
+        self,
+        key: str,
+        label: str,
+        base: Side,
+        cand: Side,
+        n: int,
+        bar: float | None = None,
+        base_name: str = "cpu",
+        cand_name: str = "neuron",
+    ) -> dict[str, Any]:
+        ratio = paired_ratio(cand, base)
+        row = {
+            "key": key,
+            "label": label,
+            "iters_per_block": n,
+            "rounds": len(base.samples),
+            base_name: base.to_json(),
+            cand_name: cand.to_json(),
+            "base": base_name,
+            "cand": cand_name,
+            "ratio": ratio,
+            "ratio_of_mins": cand.min_ns / base.min_ns,
+            "bar": bar,
+            "pass": None if bar is None else ratio <= bar,
+        }
+        self.rows.append(row)
+        self.ratios.append(row)
+        return row
+
+    def cost(self, key: str, label: str, off: Side, on: Side, n: int) -> dict[str, Any]:
+        added = statistics.median(o - f for o, f in zip(on.samples, off.samples))
+        row = {
+            "key": key,
+            "label": label,
+            "iters_per_block": n,
+            "rounds": len(off.samples),
+            "off": off.to_json(),
+            "on": on.to_json(),
+            "added_ns_per_op": added,
+            "added_pct": 100.0 * added / off.median_ns,
+        }
+        self.costs.append(row)
+        return row
+
+    def single(self, key: str, label: str, side: Side, n: int) -> dict[str, Any]:
+        row = {"key": key, "label": label, "iters_per_block": n, "rounds": len(side.samples), "value": side.to_json()}
+        self.rows.append(row)
+        return row
+
+    # -- output
+
+    def header(self, title: str) -> None:
+        print(f"== {title}")
+        print(
+            f"   torch {torch.__version__} | python {platform.python_version()} | "
+            f"threads {torch.get_num_threads()} (same for both sides) | cpus {os.cpu_count()} | "
+            f"{'QUICK (smoke run, noisy)' if self.args.quick else 'full run'}"
+        )
+        print("   ratio = median over interleaved rounds of (candidate block / baseline block)")
+        print()
+
+    def print_compare_table(self, rows: list[dict[str, Any]], unit: str = "us") -> None:
+        scale = {"ns": 1.0, "us": 1e3, "ms": 1e6}[unit]
+        w = max([len(r["label"]) for r in rows] + [4])
+        b0, c0 = rows[0]["base"], rows[0]["cand"]
+        head = (
+            f"{'case':<{w}}  {b0 + ' med':>11} {b0 + ' min':>11}  {c0 + ' med':>11} {c0 + ' min':>11}"
+            f"  {'ratio':>7} {'min/min':>7}  {'iters x rounds':>14}"
+        )
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            b, c = r[r["base"]], r[r["cand"]]
+            print(
+                f"{r['label']:<{w}}  {b['median_ns'] / scale:>8.2f} {unit} {b['min_ns'] / scale:>8.2f} {unit}"
+                f"  {c['median_ns'] / scale:>8.2f} {unit} {c['min_ns'] / scale:>8.2f} {unit}"
+                f"  {r['ratio']:>6.3f}x {r['ratio_of_mins']:>6.3f}x  {r['iters_per_block']:>7} x {r['rounds']:<5}"
+            )
+        print()
+
+    def print_ratio_lines(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            line = f"RATIO {r['key']} {r['cand']}/{r['base']} = {r['ratio']:.3f}x"
+            if r["bar"] is not None:
+                line += f"  [bar <= {r['bar']:.2f}x: {'PASS' if r['pass'] else 'FAIL'}]"
+            print(line)
+
+    def print_cost_lines(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            print(
+                f"COST {r['key']} = {r['added_ns_per_op']:+.0f} ns/op ({r['added_pct']:+.1f}%)"
+                f"  [off {r['off']['median_ns']:.0f} ns, on {r['on']['median_ns']:.0f} ns]"
+            )
+
+    def failed_bars(self) -> list[str]:
+        return [r["key"] for r in self.ratios if r["pass"] is False]
+
+    def finish(self) -> int:
+        failed = self.failed_bars()
+        bars = [r for r in self.ratios if r["bar"] is not None]
+        if bars:
+            print()
+            print(f"BARS {len(bars) - len(failed)}/{len(bars)} pass" + (f" (failed: {', '.join(failed)})" if failed else ""))
+        if self.args.json:
+            doc = {
+                "script": self.script,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "threads": torch.get_num_threads(),
+                "cpu_count": os.cpu_count(),
+                "quick": bool(self.args.quick),
+                "unix_time": time.time(),
+                "ratios": {r["key"]: r["ratio"] for r in self.ratios},
+                "bars": {r["key"]: {"bar": r["bar"], "pass": r["pass"]} for r in bars},
+                "costs_ns_per_op": {r["key"]: r["added_ns_per_op"] for r in self.costs},
+                "rows": self.rows,
+                "costs": self.costs,
+                **self.extra,
+            }
+            path = os.path.abspath(self.args.json)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(doc, f, indent=2)
+            print(f"wrote {path}")
+        sys.stdout.flush()
+        return 1 if (failed and self.args.strict) else 0
