@@ -108,13 +108,15 @@ def _timed(loop: Any, n: int) -> float:
 
 
 def calibrate(loop: Any, target_s: float, min_n: int = 1, max_n: int = 1_000_000) -> int:
-    """Iterations so one block of ``loop`` lasts about ``target_s`` (also serves as a warm-up)."""
+    """Iterations so one block of ``loop`` lasts about ``target_s`` (also serves as a warm-up).
+
+    Grows the block until it lasts a fifth of the target, then takes the fastest of three blocks at
+    that size, so one hiccup of the machine does not shrink the blocks.
+    """
     n = min_n
-    while True:
-        per = _timed(loop, n)
-        if per * n >= target_s * 1e9 * 0.2 or n >= max_n:
-            break
+    while _timed(loop, n) * n < target_s * 1e9 * 0.2 and n < max_n:
         n = min(max_n, n * 4)
+    per = min(_timed(loop, n) for _ in range(3))
     return max(min_n, min(max_n, int(target_s * 1e9 / max(per, 1.0))))
 
 
@@ -224,6 +226,7 @@ class Report:
         print(
             f"   torch {torch.__version__} | python {platform.python_version()} | "
             f"threads {torch.get_num_threads()} (same for both sides) | cpus {os.cpu_count()} | "
+            f"load avg {os.getloadavg()[0]:.2f} | "
             f"{'QUICK (smoke run, noisy)' if self.args.quick else 'full run'}"
         )
         print("   ratio = median over interleaved rounds of (candidate block / baseline block)")
@@ -280,6 +283,7 @@ class Report:
                 "cpu_count": os.cpu_count(),
                 "quick": bool(self.args.quick),
                 "unix_time": time.time(),
+                "load_avg_1m_at_end": os.getloadavg()[0],
                 "ratios": {r["key"]: r["ratio"] for r in self.ratios},
                 "bars": {r["key"]: {"bar": r["bar"], "pass": r["pass"]} for r in bars},
                 "costs_ns_per_op": {r["key"]: r["added_ns_per_op"] for r in self.costs},

@@ -115,7 +115,7 @@ def test_reimport_after_purging_modules_keeps_one_device() -> None:
 
 CUDA_NAMES = (
     "is_available", "is_initialized", "device_count", "current_device", "set_device", "device", "device_of",
-    "synchronize", "get_device_name", "get_device_properties", "is_bf16_supported", "get_amp_supported_dtype",
+    "synchronize", "get_device_name", "get_device_properties", "is_bf16_supported",
     "memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved", "memory_stats",
     "memory_stats_as_nested_dict", "memory_summary", "reset_peak_memory_stats", "reset_accumulated_memory_stats",
     "reset_max_memory_allocated", "empty_cache", "mem_get_info", "memory_snapshot", "manual_seed",

@@ -49,7 +49,7 @@ def test_opinfo_conformance_neuron(tmp_path):
         report = sweep.run_sweep(cfg)
     except sweep.PreflightError as exc:
         pytest.fail(f"neuron device not usable: {exc}")
-    json_path, md_path = sweep.write_report(report, _report_stem(tmp_path, "neuron"))
+    _, md_path = sweep.write_report(report, _report_stem(tmp_path, "neuron"))
     print(report["summary_line"], f"(wall {report['wall_time_s']:.0f} s; report {md_path})")
     summary = report["summary"]
     crashes = [f"{r['op']}: {r['message'][:300]}" for r in report["results"] if r["status"] == "crash"]
@@ -149,6 +149,7 @@ def test_driver_records_crash_timeout_and_continues(tmp_path):
     assert results["abs"]["status"] == "pass"
     assert results["fake_abort"]["status"] == "crash"
     assert "SIGABRT" in results["fake_abort"]["message"]
+    assert "in the cpu run of sample 0 [T[2, 3], (), {}]" in results["fake_abort"]["message"]
     assert results["fake_hang"]["status"] == "error"
     assert results["fake_hang"]["message"].startswith("timeout")
     assert results["fake_flaky"]["status"] == "fail"

@@ -46,4 +46,6 @@ def unload_ipython_extension(ipython: Any) -> None:
     _unload(ipython)
 
 
-register_device()
+# TORCHNEURON_LAB_REGISTER=0 imports the package without touching torch (e.g. to read saved traces).
+if __import__("os").environ.get("TORCHNEURON_LAB_REGISTER", "1") != "0":
+    register_device()

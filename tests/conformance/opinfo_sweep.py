@@ -53,8 +53,9 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any
 
 import torch
 
@@ -383,9 +384,11 @@ def _call(op: Any, args: list) -> Any:
     return op(inp, *a, **kw)
 
 
-def run_sample(op: Any, sample: Any, device: str, atol: float, rtol: float,
-               shape_only: bool) -> tuple[str, str]:
-    """('pass'|'fail'|'error'|'skip', message) for one sample."""
+def run_sample(op: Any, sample: Any, device: str, atol: float, rtol: float, shape_only: bool,
+               on_phase: Callable[[str], None] | None = None) -> tuple[str, str]:
+    """('pass'|'fail'|'error'|'skip', message) for one sample.  ``on_phase('cpu'|'device')`` is
+    called before each run (the child logs it, so a crash can be pinned to a sample and a side)."""
+    note = on_phase or (lambda phase: None)
     dev_type = device_type_of(device)
     cpu_args = _sample_args(sample)
     if not all(_is_dense(t) for t in iter_tensors(cpu_args)):
@@ -400,6 +403,7 @@ def run_sample(op: Any, sample: Any, device: str, atol: float, rtol: float,
     except Exception as exc:
         move_error = exc
     try:
+        note("cpu")
         expected = _call(op, cpu_args)
     except Exception as exc:
         return "skip", "cpu: " + _short(exc)
@@ -408,7 +412,9 @@ def run_sample(op: Any, sample: Any, device: str, atol: float, rtol: float,
     if not all(_is_dense(t) for t in iter_tensors(expected)):
         return "skip", "non-strided output"
     try:
+        note("device")
         actual = _call(op, dev_args)
+        note("compare")
         msg = compare(expected, actual, dev_type, atol, rtol, shape_only, "out")
         if msg is None:  # in-place updates of the sample's tensors (non-tensor args are not compared)
             for k, (e, a) in enumerate(zip(iter_tensors(cpu_args), iter_tensors(dev_args))):
@@ -427,8 +433,10 @@ def _skip(oid: str, reason: str, **extra: Any) -> dict:
     return rec
 
 
-def run_op(op: Any, device: str, max_samples: int = DEFAULT_MAX_SAMPLES, seed: int = 0) -> dict:
-    """Result record for one OpInfo: op, status, passed, total (runnable samples), message, ..."""
+def run_op(op: Any, device: str, max_samples: int = DEFAULT_MAX_SAMPLES, seed: int = 0,
+           on_sample: Callable[[int, str, str], None] | None = None) -> dict:
+    """Result record for one OpInfo: op, status, passed, total (runnable samples), message, ...
+    ``on_sample(k, phase, description)`` is called before the cpu and the device run of sample k."""
     oid = op_id(op)
     t0 = time.perf_counter()
     try:
@@ -459,7 +467,11 @@ def run_op(op: Any, device: str, max_samples: int = DEFAULT_MAX_SAMPLES, seed: i
     first: dict[str, str] = {}
     for k, sample in enumerate(samples):
         torch.manual_seed(seed + k)
-        status, msg = run_sample(op, sample, device, atol, rtol, shape_only)
+        on_phase = None
+        if on_sample is not None:
+            desc = describe(_sample_args(sample))
+            on_phase = lambda phase, k=k, desc=desc: on_sample(k, phase, desc)
+        status, msg = run_sample(op, sample, device, atol, rtol, shape_only, on_phase)
         counts[status] += 1
         if status != "pass" and status not in first:
             first[status] = f"sample {k} {describe(_sample_args(sample))}: {msg}"
@@ -494,7 +506,8 @@ def run_op(op: Any, device: str, max_samples: int = DEFAULT_MAX_SAMPLES, seed: i
 
 def run_ops(ops: Iterable, device: str, max_samples: int = DEFAULT_MAX_SAMPLES,
             on_start: Callable[[str], None] | None = None,
-            on_result: Callable[[dict], None] | None = None) -> list[dict]:
+            on_result: Callable[[dict], None] | None = None,
+            on_sample: Callable[[int, str, str], None] | None = None) -> list[dict]:
     """Run ops sequentially in this process (no crash isolation)."""
     results = []
     for op in ops:
@@ -502,7 +515,7 @@ def run_ops(ops: Iterable, device: str, max_samples: int = DEFAULT_MAX_SAMPLES,
         if on_start:
             on_start(oid)
         try:
-            rec = run_op(op, device, max_samples)
+            rec = run_op(op, device, max_samples, on_sample=on_sample)
         except Exception as exc:  # a harness bug must not hide the rest of the chunk
             rec = {"op": oid, "status": "error", "passed": 0, "total": 0,
                    "message": "harness: " + _short(exc) + "\n" + traceback.format_exc()[-800:]}
@@ -558,6 +571,8 @@ def child_main(args: argparse.Namespace) -> int:
             ops, args.device, args.max_samples,
             on_start=lambda oid: emit({"event": "start", "op": oid, "t": time.time()}),
             on_result=on_result,
+            on_sample=lambda k, phase, desc: emit({"event": "sample", "k": k, "phase": phase,
+                                                   "desc": desc}),
         )
         if args.out:
             tmp = Path(str(args.out) + ".tmp")
@@ -642,6 +657,7 @@ class _Progress:
         self.results: dict[str, dict] = {}
         self.current: str | None = None
         self.current_t = 0.0
+        self.sample: dict | None = None  # the last 'sample' event of the current op
         self.ended = False
         self.last_event_t = time.time()
 
@@ -667,6 +683,9 @@ class _Progress:
                 self.index = dict(zip(ev["ops"], ev.get("index", ())))
             elif kind == "start":
                 self.current, self.current_t = ev["op"], ev["t"]
+                self.sample = None
+            elif kind == "sample":
+                self.sample = ev
             elif kind == "result":
                 rec = ev["result"]
                 self.results[rec["op"]] = rec
@@ -730,14 +749,18 @@ class _Driver:
             tail = _tail(stderr_path)
             if prog.current is not None:
                 culprit = prog.current
+                where = "in sample setup"
+                if prog.sample is not None:
+                    sm = prog.sample
+                    where = f"in the {sm['phase']} run of sample {sm['k']} {sm['desc']}"
                 if timed_out == "op":
                     rec = {"op": culprit, "status": "error", "passed": 0, "total": 0,
-                           "message": f"timeout: op still running after {self.cfg.timeout_s:g} s "
-                                      f"(child killed)"}
+                           "message": f"timeout: op still running after {self.cfg.timeout_s:g} s, "
+                                      f"{where} (child killed)"}
                     self.log(f"[opinfo] {culprit}: timeout")
                 else:
                     rec = {"op": culprit, "status": "crash", "passed": 0, "total": 0,
-                           "message": f"child died ({_signal_name(rc)}) while running this op; "
+                           "message": f"child died ({_signal_name(rc)}) {where}; "
                                       f"stderr tail:\n{tail}"}
                     self.log(f"[opinfo] {culprit}: crash ({_signal_name(rc)})")
                 if culprit in index:
@@ -850,7 +873,8 @@ def preflight(device: str, preload: Sequence[str],
     try:
         proc = subprocess.run([sys.executable, "-c", code, device, *preload],
                               env=_child_env(device, preload),
-                              cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=timeout_s)
+                              cwd=str(REPO_ROOT), capture_output=True, text=True, timeout=timeout_s,
+                              check=False)
     except subprocess.TimeoutExpired:
         raise PreflightError(f"device {device!r}: preflight timed out after {timeout_s:g} s") from None
     if proc.returncode != 0:
@@ -866,7 +890,9 @@ def summarize(results: list[dict]) -> dict:
         counts[rec["status"]] += 1
     runnable = counts["pass"] + counts["fail"] + counts["error"] + counts["crash"]
     rate = 100.0 * counts["pass"] / runnable if runnable else None
-    return {"ops": len(results), **counts, "runnable": runnable, "pass_rate": rate}
+    return {"ops": len(results), **counts, "runnable": runnable, "pass_rate": rate,
+            "samples": sum(r.get("total", 0) for r in results),
+            "samples_passed": sum(r.get("passed", 0) for r in results)}
 
 
 def summary_line(summary: dict) -> str:
@@ -943,7 +969,8 @@ def run_sweep(cfg: SweepConfig) -> dict:
         "wall_time_s": round(wall, 2),
         "config": {
             "workers": workers, "nchunks": nchunks, "max_samples": cfg.max_samples,
-            "timeout_s": cfg.timeout_s, "startup_timeout_s": cfg.startup_timeout_s, "only": cfg.only, "ops_hook": cfg.ops_hook,
+            "timeout_s": cfg.timeout_s, "startup_timeout_s": cfg.startup_timeout_s,
+            "only": cfg.only, "ops_hook": cfg.ops_hook,
             "preload": drv.preload, "child_processes": drv.attempts,
             "default_atol": DEFAULT_ATOL, "default_rtol": DEFAULT_RTOL,
         },
@@ -978,13 +1005,14 @@ def render_markdown(report: dict) -> str:
         "",
         f"**{report['summary_line']}**",
         "",
-        f"- torch {report['torch_version']}, python {report['python']}; float32 samples, at most "
-        f"{cfg['max_samples']} per op; per-op timeout {cfg['timeout_s']:g} s",
-        f"- {cfg['workers']} workers, {cfg['nchunks']} chunks, {cfg['child_processes']} child processes; "
-        f"wall time {report['wall_time_s']:.1f} s",
-        f"- default tolerance atol={cfg['default_atol']:g} rtol={cfg['default_rtol']:g} (looser "
-        f"float32 toleranceOverride of the op if any), equal_nan; random/uninitialized ops: "
-        f"shape/dtype/device only",
+        (f"- torch {report['torch_version']}, python {report['python']}; float32 samples, at most "
+         f"{cfg['max_samples']} per op; per-op timeout {cfg['timeout_s']:g} s"),
+        (f"- {report['summary']['samples_passed']}/{report['summary']['samples']} runnable samples "
+         f"passed; {cfg['workers']} workers, {cfg['nchunks']} chunks, {cfg['child_processes']} child "
+         f"processes; wall time {report['wall_time_s']:.1f} s"),
+        (f"- default tolerance atol={cfg['default_atol']:g} rtol={cfg['default_rtol']:g} (looser "
+         f"float32 toleranceOverride of the op if any), equal_nan; random/uninitialized ops: "
+         f"shape/dtype/device only"),
         "",
         "| op | status | samples passed/total | message |",
         "| --- | --- | --- | --- |",
