@@ -173,7 +173,8 @@ py::dict snapshot_py() {
     for (size_t i = 0; i < entries.size(); ++i) {
       py::dict e;
       e["action"] = entries[i].action;
-      e["addr"] = entries[i].addr;
+      if (entries[i].action == "oom") e["device_free"] = entries[i].addr;  // torch.cuda's field for OOMs
+      else e["addr"] = entries[i].addr;
       e["size"] = entries[i].size;
       e["stream"] = 0;
       e["time_us"] = entries[i].time_us;

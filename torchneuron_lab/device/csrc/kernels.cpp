@@ -174,7 +174,24 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
   return m;
 }
 
+const OpMeta& op_meta_slow(const c10::OperatorHandle& op);
+
+// Hot path: most eager loops repeat the same few ops; a tiny per-thread cache skips the shared lock.
 const OpMeta& op_meta(const c10::OperatorHandle& op) {
+  static thread_local const c10::FunctionSchema* keys[4] = {nullptr, nullptr, nullptr, nullptr};
+  static thread_local const OpMeta* vals[4] = {nullptr, nullptr, nullptr, nullptr};
+  static thread_local unsigned next = 0;
+  const c10::FunctionSchema* key = &op.schema();
+  for (int i = 0; i < 4; ++i)
+    if (keys[i] == key) return *vals[i];
+  const OpMeta& m = op_meta_slow(op);
+  keys[next & 3] = key;
+  vals[next & 3] = &m;
+  ++next;
+  return m;
+}
+
+const OpMeta& op_meta_slow(const c10::OperatorHandle& op) {
   static std::shared_mutex mu;
   static std::unordered_map<const c10::FunctionSchema*, std::unique_ptr<OpMeta>> cache;
   const c10::FunctionSchema* key = &op.schema();
@@ -426,7 +443,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
 
   const int64_t t0 = rec ? now_ns() : 0;
   try {
-    c10::DeviceGuard guard(c10::Device(kNeuron, cs.device));
+    std::optional<c10::DeviceGuard> guard;
+    if (current_device() != cs.device) guard.emplace(c10::Device(kNeuron, cs.device));
     RedirectGuard redirect(cs.cpu_outputs ? -1 : cs.device);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   } catch (c10::Error& e) {

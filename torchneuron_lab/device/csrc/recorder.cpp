@@ -12,6 +12,7 @@
 namespace tnl {
 
 std::atomic<uint32_t> g_recording_flags{0};
+std::atomic<uint64_t> g_sig_generation{1};
 
 namespace {
 
@@ -108,6 +109,18 @@ void push_event(EventRecord ev) {
 }
 
 bool note_signature(int device, uint64_t hash, const std::function<std::string()>& describe) {
+  // Per-thread memo of signatures already known to be seen (they never become unseen, except by
+  // clear_signatures(), which bumps the generation).
+  static thread_local std::unordered_set<uint64_t> known;
+  static thread_local uint64_t known_gen = 0;
+  const uint64_t key = hash * 31 + static_cast<uint64_t>(device);
+  if (known_gen != g_sig_generation.load(std::memory_order_relaxed)) {
+    known.clear();
+    known_gen = g_sig_generation.load();
+  }
+  if (known.count(key)) return false;
+  if (known.size() > 65536) known.clear();
+  known.insert(key);
   Signatures& s = sigs();
   std::lock_guard<std::mutex> lock(s.mu);
   if (s.seen.size() <= static_cast<size_t>(device)) {
@@ -164,6 +177,7 @@ std::vector<std::string> signatures_of(int device) {
   return s.described[device];
 }
 void clear_signatures() {
+  g_sig_generation.fetch_add(1);
   Signatures& s = sigs();
   std::lock_guard<std::mutex> lock(s.mu);
   s.seen.clear();
