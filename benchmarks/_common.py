@@ -35,7 +35,9 @@ _DEFAULT_THREADS = torch.get_num_threads()
 
 def base_parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true", help="few, short repeats (CI smoke run; numbers are noisy)")
+    p.add_argument(
+        "--quick", action="store_true", help="few, short repeats (CI smoke run; numbers are noisy)"
+    )
     p.add_argument("--json", metavar="PATH", help="also write the results to this JSON file")
     p.add_argument(
         "--threads",
@@ -66,7 +68,11 @@ def sync_neuron() -> None:
 
 
 def _indent(code: str, prefix: str) -> str:
-    return "\n".join(prefix + line for line in code.strip("\n").splitlines()) if code.strip() else prefix + "pass"
+    return (
+        "\n".join(prefix + line for line in code.strip("\n").splitlines())
+        if code.strip()
+        else prefix + "pass"
+    )
 
 
 def make_loop(
@@ -90,7 +96,7 @@ def make_loop(
     )
     g: dict[str, Any] = {"_now": time.perf_counter_ns, "_sync": sync_neuron, "torch": torch}
     g.update(env)
-    exec(compile(src, f"<bench loop: {stmt.strip()[:40]}>", "exec"), g)
+    exec(compile(src, f"<bench loop: {stmt.strip()[:40]}>", "exec"), g)  # noqa: S102 - our own loop template
     return g["_loop"]
 
 
@@ -134,9 +140,7 @@ class Side:
         return {"median_ns": self.median_ns, "min_ns": self.min_ns, "samples_ns": self.samples}
 
 
-def interleave(
-    loops: dict[str, Any], n: int, rounds: int, warmup_blocks: int = 1
-) -> dict[str, Side]:
+def interleave(loops: dict[str, Any], n: int, rounds: int, warmup_blocks: int = 1) -> dict[str, Side]:
     """Time every loop ``rounds`` times, alternating the order each round. Returns per-variant sides."""
     names = list(loops)
     for _ in range(warmup_blocks):
@@ -215,7 +219,13 @@ class Report:
         return row
 
     def single(self, key: str, label: str, side: Side, n: int) -> dict[str, Any]:
-        row = {"key": key, "label": label, "iters_per_block": n, "rounds": len(side.samples), "value": side.to_json()}
+        row = {
+            "key": key,
+            "label": label,
+            "iters_per_block": n,
+            "rounds": len(side.samples),
+            "value": side.to_json(),
+        }
         self.rows.append(row)
         return row
 
@@ -273,7 +283,10 @@ class Report:
         bars = [r for r in self.ratios if r["bar"] is not None]
         if bars:
             print()
-            print(f"BARS {len(bars) - len(failed)}/{len(bars)} pass" + (f" (failed: {', '.join(failed)})" if failed else ""))
+            print(
+                f"BARS {len(bars) - len(failed)}/{len(bars)} pass"
+                + (f" (failed: {', '.join(failed)})" if failed else "")
+            )
         if self.args.json:
             doc = {
                 "script": self.script,

@@ -12,7 +12,6 @@ from __future__ import annotations
 import sys
 
 import torch
-
 from _common import Report, base_parser, calibrate, interleave, make_loop, setup
 
 # key, label, shapes of the inputs, statement (inputs are named a, b), bar or None
@@ -66,11 +65,15 @@ def main() -> int:
     loops = {
         "off": make_loop("a + 1", env, setup="_C.recorder_stop()"),
         "shapes": make_loop(
-            "a + 1", env, setup="_C.recorder_clear()\n_C.recorder_start(_cap, True, False)",
+            "a + 1",
+            env,
+            setup="_C.recorder_clear()\n_C.recorder_start(_cap, True, False)",
             teardown="_C.recorder_stop()\n_C.recorder_clear()",
         ),
         "stack": make_loop(
-            "a + 1", env, setup="_C.recorder_clear()\n_C.recorder_start(_cap, True, True)",
+            "a + 1",
+            env,
+            setup="_C.recorder_clear()\n_C.recorder_start(_cap, True, True)",
             teardown="_C.recorder_stop()\n_C.recorder_clear()",
         ),
     }
@@ -95,11 +98,18 @@ def main() -> int:
         C.recorder_start(RECORDER_CAPACITY, True, False)
 
     rec_shapes = rep.cost(
-        "recorder.add_64x64.record_shapes", "recording on (record_shapes) vs off", sides["off"], sides["shapes"], n
+        "recorder.add_64x64.record_shapes",
+        "recording on (record_shapes) vs off",
+        sides["off"],
+        sides["shapes"],
+        n,
     )
     rec_stack = rep.cost(
-        "recorder.add_64x64.with_stack", "recording on (record_shapes + with_stack) vs off",
-        sides["off"], sides["stack"], n,
+        "recorder.add_64x64.with_stack",
+        "recording on (record_shapes + with_stack) vs off",
+        sides["off"],
+        sides["stack"],
+        n,
     )
     rep.extra["recorder"] = {"events_per_op": events_per_op, "event_names": names, "dropped": dropped}
 

@@ -18,9 +18,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from _common import Report, base_parser, calibrate, interleave, make_loop, setup
+from torch import nn
 
 MLP_BAR = 1.2
 
@@ -78,12 +77,33 @@ opt.step()
 
 # key, label, model factory, env builder, step, optimizer, bar
 CASES = [
-    ("train.mlp_sgd", "MLP 784-512-512-10 b64, SGD(momentum) foreach=False", mlp, mlp_step_env, MLP_STEP, sgd,
-     MLP_BAR),
-    ("train.mlp_adamw", "MLP 784-512-512-10 b64, AdamW foreach=False", mlp, mlp_step_env, MLP_STEP, adamw,
-     MLP_BAR),
-    ("train.encoder_layer_adamw", "TransformerEncoderLayer d128 h4 ffn512 16x64, AdamW", encoder, enc_step_env,
-     ENC_STEP, adamw, None),
+    (
+        "train.mlp_sgd",
+        "MLP 784-512-512-10 b64, SGD(momentum) foreach=False",
+        mlp,
+        mlp_step_env,
+        MLP_STEP,
+        sgd,
+        MLP_BAR,
+    ),
+    (
+        "train.mlp_adamw",
+        "MLP 784-512-512-10 b64, AdamW foreach=False",
+        mlp,
+        mlp_step_env,
+        MLP_STEP,
+        adamw,
+        MLP_BAR,
+    ),
+    (
+        "train.encoder_layer_adamw",
+        "TransformerEncoderLayer d128 h4 ffn512 16x64, AdamW",
+        encoder,
+        enc_step_env,
+        ENC_STEP,
+        adamw,
+        None,
+    ),
 ]
 
 
@@ -114,7 +134,9 @@ def main() -> int:
             make_loop(step, env)(3)
         loss_fn = F.cross_entropy if step is MLP_STEP else F.mse_loss
         with torch.no_grad():
-            loss_of = {dev: float(loss_fn(env["model"](env["x"]), env["y"]).cpu()) for dev, env in check.items()}
+            loss_of = {
+                dev: float(loss_fn(env["model"](env["x"]), env["y"]).cpu()) for dev, env in check.items()
+            }
         losses[key] = loss_of
 
     rep.print_compare_table(rep.rows, unit="ms")

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-import json
-import os
 import subprocess
 import sys
-import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,29 +19,7 @@ import torch
 
 import torchneuron_lab
 import torchneuron_lab.device as neuron_device
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def run_child(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> dict[str, Any]:
-    """Run ``code`` in a fresh interpreter importing this checkout; return its last stdout line as JSON."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHNEURON_LAB_")}
-    full_env.pop("TORCH_DEVICE_BACKEND_AUTOLOAD", None)
-    full_env["PYTHONPATH"] = os.pathsep.join([str(ROOT), full_env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    full_env.update(env or {})
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=ROOT,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, f"child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
-    lines = [line for line in proc.stdout.splitlines() if line.strip()]
-    assert lines, f"child printed nothing; stderr:\n{proc.stderr}"
-    return json.loads(lines[-1])
-
+from tests._neuron_child import ROOT, child_env, run_child
 
 # --------------------------------------------------------------------------- idempotent registration
 
@@ -249,10 +223,9 @@ def test_device_context_changes_where_new_tensors_go(spec: Any) -> None:
 
 def test_device_context_nests_and_restores_on_exception() -> None:
     with torch.neuron.device(1):
-        with pytest.raises(KeyError):
-            with torch.neuron.device(0):
-                assert torch.empty(1, device="neuron").device.index == 0
-                raise KeyError("boom")
+        with pytest.raises(KeyError), torch.neuron.device(0):
+            assert torch.empty(1, device="neuron").device.index == 0
+            raise KeyError("boom")
         assert torch.neuron.current_device() == 1
         assert torch.empty(1, device="neuron").device.index == 1
     assert torch.neuron.current_device() == 0
@@ -356,12 +329,11 @@ def test_env_override_then_configure_before_and_after_first_use() -> None:
 
 
 def test_bad_env_value_names_the_variable() -> None:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("TORCHNEURON_LAB_")}
-    full_env.update(PYTHONPATH=str(ROOT), TORCHNEURON_LAB_NUM_DEVICES="two", TORCH_DEVICE_BACKEND_AUTOLOAD="0")
+    env = child_env({"TORCHNEURON_LAB_NUM_DEVICES": "two", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     proc = subprocess.run(
-        [sys.executable, "-c", "import torchneuron_lab"],
-        cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [sys.executable, "-c", "import torchneuron_lab"], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )
     assert proc.returncode != 0
     assert "ValueError: TORCHNEURON_LAB_NUM_DEVICES='two' is not an integer" in proc.stderr
 

@@ -758,6 +758,18 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
 }
 
+// Copies handle the conjugate/negative bits themselves (the CPU copy on aliases resolves them), so the
+// math-bit fallbacks must not try to materialise first: that materialisation is itself a copy on the
+// device and would recurse forever.
+TORCH_LIBRARY_IMPL(aten, Conjugate, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+TORCH_LIBRARY_IMPL(aten, Negative, m) {
+  m.impl("_copy_from", torch::CppFunction::makeFallthrough());
+  m.impl("_copy_from_and_resize", torch::CppFunction::makeFallthrough());
+}
+
 // torch.autocast("neuron"): PyTorch registers no AutocastPrivateUse1 kernels, so ops fall through unless
 // listed here; the lists are ATen's own (the same policies CUDA uses).
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }

@@ -1,0 +1,73 @@
+"""Smoke test of the benchmark scripts: each runs with ``--quick`` in a subprocess, exits 0 and prints
+its ratio lines and JSON. Not a timing assertion: the numbers of a quick run are noise, and a failed bar
+only changes PASS to FAIL in the output (``--strict`` is what turns it into an exit status)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+RATIO = r"^RATIO {key} neuron/cpu = \d+\.\d{{3}}x"
+BAR = r"  \[bar <= \d\.\d\dx: (PASS|FAIL)\]$"
+
+EXPECTED: dict[str, list[str]] = {
+    "bench_eager_ops.py": [
+        RATIO.format(key=re.escape("eager.add_64x64")) + BAR,
+        RATIO.format(key=re.escape("eager.add_1024x1024")) + BAR,
+        RATIO.format(key=re.escape("eager.mm_256x256")) + "$",
+        RATIO.format(key=re.escape("eager.relu_1024x1024")) + "$",
+        RATIO.format(key=re.escape("eager.sum_1024x1024")) + "$",
+        r"^COST recorder\.add_64x64\.record_shapes = [+-]\d+ ns/op",
+        r"^COST recorder\.add_64x64\.with_stack = [+-]\d+ ns/op",
+        r"^BARS \d/2 pass",
+    ],
+    "bench_training_step.py": [
+        RATIO.format(key=re.escape("train.mlp_sgd")) + BAR,
+        RATIO.format(key=re.escape("train.mlp_adamw")) + BAR,
+        RATIO.format(key=re.escape("train.encoder_layer_adamw")) + "$",
+        r"^BARS \d/2 pass",
+    ],
+    "bench_allocator.py": [
+        r"^PAIR alloc_free\.empty_1024 neuron = \d+ ns/pair, cpu = \d+ ns/pair$",
+        RATIO.format(key=re.escape("alloc_free.empty_1024")) + "$",
+        RATIO.format(key=re.escape("alloc_free.empty_1024_devobj")) + "$",
+        RATIO.format(key=re.escape("alloc_free.empty_4MiB")) + "$",
+        RATIO.format(key=re.escape("alloc_free.storage_4KiB")) + "$",
+        r"^CALL stats\.memory_stats = \d+ ns/call$",
+        r"^CALL stats\.memory_allocated = \d+ ns/call$",
+    ],
+}
+
+
+@pytest.mark.parametrize("script", sorted(EXPECTED))
+def test_benchmark_quick_run(script: str, tmp_path: Path) -> None:
+    out_json = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / script), "--quick", "--json", str(out_json)],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,  # the first import may build the C++ core
+    )
+    assert proc.returncode == 0, (
+        f"{script} exited {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    )
+    for pattern in EXPECTED[script]:
+        assert re.search(pattern, proc.stdout, re.MULTILINE), (
+            f"{script}: no line matching {pattern!r}\n{proc.stdout}"
+        )
+    doc = json.loads(out_json.read_text())
+    assert doc["quick"] is True
+    assert doc["threads"] >= 1
+    ratio_keys = {m.group(1) for m in re.finditer(r"^RATIO (\S+) ", proc.stdout, re.MULTILINE)}
+    assert ratio_keys and ratio_keys == set(doc["ratios"])
+    assert all(v > 0 for v in doc["ratios"].values())

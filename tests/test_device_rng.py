@@ -1,0 +1,188 @@
+"""Per-device random number generators of the emulated ``neuron`` device.
+
+Each neuron device owns a generator (``torch.neuron.default_generators[i]``). Seeding it makes every
+random op on that device reproducible, and its stream is independent of the CPU generator
+(``torch.default_generator``): drawing CPU numbers in between, or reseeding the CPU generator only,
+must not change what the device draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchneuron_lab  # noqa: F401  (registers the device)
+
+N0 = torch.device("neuron", 0)
+
+
+def _ones(*shape: int) -> torch.Tensor:
+    return torch.ones(*shape, device="neuron")
+
+
+RANDOM_OPS: dict[str, Callable[[], torch.Tensor]] = {
+    "randn": lambda: torch.randn(64, device="neuron"),
+    "rand": lambda: torch.rand(64, device="neuron"),
+    "rand_like": lambda: torch.rand_like(_ones(64)),
+    "randint": lambda: torch.randint(0, 1000, (64,), device="neuron"),
+    "randperm": lambda: torch.randperm(64, device="neuron"),
+    "normal_": lambda: torch.empty(64, device="neuron").normal_(2.0, 3.0),
+    "normal_tensor": lambda: torch.normal(torch.zeros(64, device="neuron"), 1.0),
+    "uniform_": lambda: torch.empty(64, device="neuron").uniform_(-1, 1),
+    "exponential_": lambda: torch.empty(64, device="neuron").exponential_(),
+    "bernoulli_p": lambda: torch.bernoulli(torch.full((256,), 0.3, device="neuron")),
+    "bernoulli_": lambda: _ones(256).bernoulli_(0.5),
+    "multinomial": lambda: torch.multinomial(_ones(64), 16),
+    "poisson": lambda: torch.poisson(_ones(64) * 4),
+    "dropout": lambda: F.dropout(_ones(1024), 0.5, training=True),
+    "nn.Dropout": lambda: torch.nn.Dropout(0.3).train()(_ones(32, 32)),
+    "dropout2d": lambda: F.dropout2d(_ones(2, 8, 4, 4), 0.5, training=True),
+    "alpha_dropout": lambda: F.alpha_dropout(_ones(256), 0.5, training=True),
+    "rrelu": lambda: torch.rrelu(-_ones(64), training=True),  # random slopes apply to x < 0
+}
+
+
+@pytest.mark.parametrize("op", list(RANDOM_OPS), ids=list(RANDOM_OPS))
+def test_manual_seed_makes_op_reproducible(op: str) -> None:
+    fn = RANDOM_OPS[op]
+    torch.neuron.manual_seed(1234)
+    first = fn()
+    second_draw = fn()
+    torch.neuron.manual_seed(1234)
+    again = fn()
+    assert first.device == N0
+    assert torch.equal(first.cpu(), again.cpu())
+    if op not in ("poisson",):  # poisson of constant rates can repeat by chance; the rest cannot
+        assert not torch.equal(first.cpu(), second_draw.cpu()), "the generator did not advance"
+
+
+@pytest.mark.parametrize("op", list(RANDOM_OPS), ids=list(RANDOM_OPS))
+def test_device_stream_is_independent_of_the_cpu_generator(op: str) -> None:
+    fn = RANDOM_OPS[op]
+    torch.neuron.manual_seed(77)
+    torch.default_generator.manual_seed(100)
+    a = fn().cpu()
+    torch.neuron.manual_seed(77)
+    torch.default_generator.manual_seed(200)  # a different CPU state ...
+    torch.rand(1000)  # ... advanced further
+    b = fn().cpu()
+    assert torch.equal(a, b), f"{op} on neuron drew from the CPU generator"
+
+
+@pytest.mark.parametrize("op", list(RANDOM_OPS), ids=list(RANDOM_OPS))
+def test_device_draws_do_not_advance_the_cpu_generator(op: str) -> None:
+    cpu_state = torch.default_generator.get_state()
+    RANDOM_OPS[op]()
+    assert torch.equal(torch.default_generator.get_state(), cpu_state), f"{op} on neuron used the CPU generator"
+
+
+def test_cpu_draws_do_not_advance_the_device_generator() -> None:
+    torch.neuron.manual_seed(5)
+    state = torch.neuron.get_rng_state()
+    torch.randn(1000)
+    torch.rand(10, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(torch.neuron.get_rng_state(), state)
+
+
+def test_same_seed_same_stream_as_the_cpu_engine() -> None:
+    # documented design: a neuron generator drives the CPU engine (mt19937), so seeds line up
+    torch.neuron.manual_seed(7)
+    g = torch.Generator().manual_seed(7)
+    assert torch.equal(torch.randn(16, device="neuron").cpu(), torch.randn(16, generator=g))
+
+
+def test_get_set_rng_state_round_trip() -> None:
+    torch.neuron.manual_seed(11)
+    torch.randn(3, device="neuron")
+    state = torch.neuron.get_rng_state()
+    assert state.device.type == "cpu" and state.dtype == torch.uint8
+    assert state.shape == torch.default_generator.get_state().shape
+    x1 = torch.rand(8, device="neuron")
+    assert not torch.equal(torch.neuron.get_rng_state(), state)
+    torch.neuron.set_rng_state(state)
+    assert torch.equal(torch.neuron.get_rng_state(), state)
+    x2 = torch.rand(8, device="neuron")
+    assert torch.equal(x1.cpu(), x2.cpu())
+
+
+def test_rng_state_is_per_device() -> None:
+    torch.neuron.manual_seed_all(9)
+    s0, s1 = torch.neuron.get_rng_state_all()
+    assert torch.equal(s0, s1)
+    z0 = torch.randn(4, device="neuron:0")
+    z1 = torch.randn(4, device="neuron:1")
+    assert torch.equal(z0.cpu(), z1.cpu())  # same seed on both devices
+    torch.randn(4, device="neuron:1")
+    assert torch.equal(torch.neuron.get_rng_state(0), torch.neuron.get_rng_state("neuron:0"))
+    assert not torch.equal(torch.neuron.get_rng_state(0), torch.neuron.get_rng_state(1))
+    torch.neuron.set_rng_state_all([s0, s1])
+    assert torch.equal(torch.randn(4, device="neuron:1").cpu(), z1.cpu())
+
+
+def test_manual_seed_seeds_only_the_current_device() -> None:
+    torch.neuron.manual_seed_all(1)
+    torch.neuron.manual_seed(9)
+    with torch.neuron.device(1):
+        torch.neuron.manual_seed(10)
+        assert torch.neuron.initial_seed() == 10
+    gens = torch.neuron.default_generators
+    assert [g.device for g in gens] == [torch.device("neuron", 0), torch.device("neuron", 1)]
+    assert [g.initial_seed() for g in gens] == [9, 10]
+    assert torch.neuron.initial_seed() == 9
+
+
+def test_seed_picks_a_new_nondeterministic_seed() -> None:
+    torch.neuron.manual_seed(11)
+    torch.neuron.seed()
+    first = torch.neuron.initial_seed()
+    torch.neuron.seed()
+    assert {first, torch.neuron.initial_seed()} != {11}
+    assert first != torch.neuron.initial_seed()
+
+
+def test_torch_manual_seed_also_seeds_neuron() -> None:
+    torch.manual_seed(2024)
+    assert [g.initial_seed() for g in torch.neuron.default_generators] == [2024, 2024]
+    a = torch.rand(5, device="neuron")
+    b = torch.rand(5, device="neuron:1")
+    torch.manual_seed(2024)
+    assert torch.equal(torch.rand(5, device="neuron").cpu(), a.cpu())
+    assert torch.equal(torch.rand(5, device="neuron:1").cpu(), b.cpu())
+
+
+def test_explicit_neuron_generator() -> None:
+    g = torch.Generator(device="neuron")
+    assert g.device == N0
+    g.manual_seed(3)
+    assert g.initial_seed() == 3
+    default_state = torch.neuron.get_rng_state()
+    y1 = torch.randn(6, device="neuron", generator=g)
+    g.manual_seed(3)
+    y2 = torch.randn(6, device="neuron", generator=g)
+    assert torch.equal(y1.cpu(), y2.cpu())
+    assert torch.equal(torch.neuron.get_rng_state(), default_state)  # the default generator was not used
+    state = g.get_state()
+    y3 = torch.rand(6, device="neuron", generator=g)
+    g.set_state(state)
+    assert torch.equal(torch.rand(6, device="neuron", generator=g).cpu(), y3.cpu())
+    g1 = torch.Generator(device="neuron:1")
+    assert g1.device == torch.device("neuron", 1)
+    g1.manual_seed(3)
+    assert torch.equal(torch.randn(6, device="neuron:1", generator=g1).cpu(), y1.cpu())
+
+
+def test_generator_device_type_is_checked() -> None:
+    with pytest.raises(RuntimeError, match="Expected a 'neuron' device type for generator but found 'cpu'"):
+        torch.randn(3, device="neuron", generator=torch.Generator())
+
+
+def test_fork_rng_restores_the_device_state() -> None:
+    torch.neuron.manual_seed(21)
+    state = torch.neuron.get_rng_state()
+    with torch.random.fork_rng(devices=[0], device_type="neuron"):
+        torch.neuron.manual_seed(1)
+        torch.randn(10, device="neuron")
+    assert torch.equal(torch.neuron.get_rng_state(), state)
