@@ -54,10 +54,19 @@ def main() -> int:
         }
         calibrate(loops["neuron"], target_s)  # warm-up (first-signature work happens here)
         n = calibrate(loops["cpu"], target_s)
+        before = int(C.memory_stats(0)["num_device_alloc"])
         sides = interleave(loops, n, rounds)
-        rep.compare(key, label, sides["cpu"], sides["neuron"], n, bar=bar)
+        row = rep.compare(key, label, sides["cpu"], sides["neuron"], n, bar=bar)
+        row["neuron_device_allocs_during_timing"] = int(C.memory_stats(0)["num_device_alloc"]) - before
 
     rep.print_compare_table(rep.rows, unit="us")
+    print(
+        "neuron device (segment) allocations during the timed blocks: "
+        + ", ".join(
+            f"{r['key'].split('.', 1)[1]} {r['neuron_device_allocs_during_timing']}" for r in rep.rows
+        )
+    )
+    print()
 
     # ---- kernel recorder cost on the neuron `a + 1` 64x64 path
     a = torch.randn(64, 64).to("neuron")
