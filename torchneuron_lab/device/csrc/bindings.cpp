@@ -361,6 +361,37 @@ void init_module(py::module& m) {
   });
   m.def("clear_signatures", &clear_signatures);
 
+  // Runs fn(list) with neuron tensors replaced by zero-copy CPU aliases and this thread's CPU
+  // allocations diverted to neuron:device; tensors in the returned list/tuple come back as neuron
+  // tensors (views keep sharing storage; new memory is adopted without a copy).
+  m.def("run_on_host", [](py::function fn, py::list args, int device) {
+    HostCall call(device);
+    py::list cpu_args;
+    for (py::handle h : args) {
+      if (THPVariable_Check(h.ptr())) cpu_args.append(py::cast(call.in(THPVariable_Unpack(h.ptr()))));
+      else cpu_args.append(h);
+    }
+    py::object result;
+    {
+      RedirectGuard redirect(device);
+      result = fn(cpu_args);
+    }
+    auto convert = [&](py::handle h) -> py::object {
+      if (THPVariable_Check(h.ptr())) return py::cast(call.out(THPVariable_Unpack(h.ptr())));
+      return py::reinterpret_borrow<py::object>(h);
+    };
+    if (py::isinstance<py::list>(result) || py::isinstance<py::tuple>(result)) {
+      py::list out;
+      for (py::handle h : result) out.append(convert(h));
+      return py::object(out);
+    }
+    return convert(result);
+  }, py::arg("fn"), py::arg("args"), py::arg("device"));
+  m.def("cpu_alias", [](const at::Tensor& t) {
+    HostCall call(t.device().type() == kNeuron ? t.device().index() : current_device());
+    return call.in(t);
+  });
+
   m.def("default_generator", [](int d) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(d)));
   });

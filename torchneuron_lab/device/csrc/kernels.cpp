@@ -856,3 +856,41 @@ int route_composites_to_fallback() {
 }
 
 }  // namespace tnl
+
+namespace tnl {
+
+struct HostCall::Impl {
+  CallState cs;
+};
+
+HostCall::HostCall(int device) : impl_(new Impl()), device_(device) {
+  check_device_index(device);
+  impl_->cs.device = device;
+}
+HostCall::~HostCall() { delete impl_; }
+
+at::Tensor HostCall::in(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNeuron) return t;
+  TORCH_CHECK(t.device().index() == device_, "compiled graph for neuron:", device_, " got an input on ", t.device());
+  at::Tensor a = cpu_alias(t);
+  impl_->cs.ins.push_back({t, a, a.storage().unsafeGetStorageImpl(), t.storage().data_ptr().get(),
+                           t.storage().nbytes(), true});
+  return a;
+}
+
+at::Tensor HostCall::out(const at::Tensor& t) {
+  if (!t.defined() || !t.is_cpu()) return t;
+  CallState& cs = impl_->cs;
+  for (const auto& in : cs.ins)
+    if (in.alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return in.original;
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  for (const auto& in : cs.ins)
+    if (in.alias_storage == st) return wrap_neuron(t, in.original.storage());
+  for (const auto& ad : cs.adopted)
+    if (ad.first == st) return wrap_neuron(t, ad.second);
+  c10::Storage ns = adopt_storage(st, device_);
+  cs.adopted.emplace_back(st, ns);
+  return wrap_neuron(t, std::move(ns));
+}
+
+}  // namespace tnl

@@ -99,6 +99,23 @@ void push_event(EventRecord ev);  // stamps seq/thread, captures a stack when wi
 // Eager op signatures per device; returns true if this signature is new on that device.
 bool note_signature(int device, uint64_t hash, const std::function<std::string()>& describe);
 
+// ---- kernels.cpp: running host code (e.g. compiled kernels) on device memory ----
+// Converts neuron tensors to zero-copy CPU aliases and maps results back: views of an input keep its
+// neuron storage, memory allocated while the call ran (RedirectGuard) is adopted without a copy.
+class HostCall {
+ public:
+  explicit HostCall(int device);
+  ~HostCall();
+  at::Tensor in(const at::Tensor& t);   // neuron -> CPU alias (others unchanged)
+  at::Tensor out(const at::Tensor& t);  // CPU result -> neuron tensor
+  int device() const { return device_; }
+
+ private:
+  struct Impl;
+  Impl* impl_;
+  int device_;
+};
+
 // ---- profiler.cpp ----
 void install_profiler_stubs();
 

@@ -1,0 +1,470 @@
+"""The kernel recorder, driven through the C++ core (``lib()``) and read back as columns.
+
+Every assertion is on recorded data: event counts, names, engine classes, bytes, FLOPs, signatures,
+DMA directions, sync events, ring-buffer bounds and host stacks (contract: notes/api.md).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchneuron_lab  # noqa: F401  (registers the device)
+from torchneuron_lab import tracing
+from torchneuron_lab.device._backend import lib
+
+THIS_FILE = Path(__file__).name
+
+
+@pytest.fixture
+def C() -> Iterator[ModuleType]:
+    core = lib()
+    core.recorder_stop()
+    core.recorder_clear()
+    yield core
+    core.recorder_stop()
+    core.recorder_clear()
+
+
+def record(C: ModuleType, fn: Any, capacity: int = 4096, record_shapes: bool = True, with_stack: bool = False) -> dict:
+    """Run ``fn`` with the recorder on and return the columns it recorded."""
+    C.recorder_clear()
+    C.recorder_start(capacity, record_shapes, with_stack)
+    try:
+        fn()
+    finally:
+        C.recorder_stop()
+    return C.recorder_read()
+
+
+def rows(cols: dict, *fields: str) -> list[tuple]:
+    return list(zip(*(cols[f] for f in fields)))
+
+
+# --------------------------------------------------------------------------- events by count and fields
+
+
+def test_three_ops_three_events_with_exact_fields(C: ModuleType) -> None:
+    a = torch.randn(8, 16, device="neuron")
+    b = torch.randn(8, 16, device="neuron")
+    t_before = C.now_ns()
+    cols = record(C, lambda: (a + b).relu().sum(dim=1))
+    t_after = C.now_ns()
+    assert set(cols) == set(tracing.COLUMNS)
+    assert len({len(v) for v in cols.values()}) == 1
+    assert rows(cols, "kind", "name", "device", "engine", "bytes_read", "bytes_written", "flops") == [
+        ("kernel", "aten::add.Tensor", 0, "scalar", 1024, 512, 0),
+        ("kernel", "aten::relu", 0, "scalar", 512, 512, 0),
+        ("kernel", "aten::sum.dim_IntList", 0, "vector", 512, 32, 0),
+    ]
+    assert cols["shapes"] == ["[8, 16], [8, 16]", "[8, 16]", "[8, 16]"]
+    assert cols["dtypes"] == ["float32, float32", "float32", "float32"]
+    assert cols["direction"] == ["", "", ""]
+    assert cols["subgraph"] == [-1, -1, -1]
+    assert cols["stack"] == [[], [], []]
+    assert cols["seq"] == sorted(cols["seq"]) and cols["seq"][2] - cols["seq"][0] == 2
+    assert len(set(cols["thread"])) == 1
+    for start, end in zip(cols["start_ns"], cols["end_ns"]):
+        assert t_before <= start <= end <= t_after
+    assert cols["end_ns"][0] <= cols["start_ns"][1] and cols["end_ns"][1] <= cols["start_ns"][2]
+
+
+@pytest.mark.parametrize(
+    ("op", "name", "engine"),
+    [
+        (lambda a, i: a @ a.t(), "aten::mm", "tensor"),
+        (lambda a, i: torch.bmm(a[None], a.t()[None]), "aten::bmm", "tensor"),
+        (lambda a, i: F.conv1d(a[None], a[:2, :3].reshape(2, 1, 3).expand(2, 8, 3)), "aten::convolution", "tensor"),
+        (lambda a, i: a.sum(dim=0), "aten::sum.dim_IntList", "vector"),
+        (lambda a, i: a.mean(dim=1), "aten::mean.dim", "vector"),
+        (lambda a, i: torch.softmax(a, -1), "aten::_softmax", "vector"),
+        (lambda a, i: F.layer_norm(a, (16,)), "aten::native_layer_norm", "vector"),
+        (lambda a, i: a.relu(), "aten::relu", "scalar"),
+        (lambda a, i: a.exp(), "aten::exp", "scalar"),
+        (lambda a, i: a * a, "aten::mul.Tensor", "scalar"),
+        (lambda a, i: torch.index_select(a, 0, i), "aten::index_select", "gpsimd"),
+        (lambda a, i: torch.gather(a, 0, i[:, None].expand(2, 16)), "aten::gather", "gpsimd"),
+        (lambda a, i: torch.sort(a, dim=1), "aten::sort.stable", "gpsimd"),
+        (lambda a, i: torch.cat([a, a]), "aten::cat", "dma"),
+        (lambda a, i: a.flip(0), "aten::flip", "dma"),
+    ],
+    ids=["mm", "bmm", "conv1d", "sum", "mean", "softmax", "layer_norm", "relu", "exp", "mul", "index_select",
+         "gather", "sort", "cat", "flip"],
+)  # fmt: skip
+def test_engine_class_per_op(C: ModuleType, op: Any, name: str, engine: str) -> None:
+    a = torch.randn(8, 16, device="neuron")
+    idx = torch.tensor([0, 3], device="neuron")
+    cols = record(C, lambda: op(a, idx))
+    kernels = [(n, e) for k, n, e in rows(cols, "kind", "name", "engine") if k == "kernel"]
+    assert (name, engine) in kernels, kernels
+
+
+def test_clone_is_a_device_to_device_dma(C: ModuleType) -> None:
+    a = torch.randn(8, 16, device="neuron")
+    cols = record(C, lambda: a.clone())
+    assert rows(cols, "kind", "engine", "direction", "bytes_read", "bytes_written", "device") == [
+        ("dma", "dma", "d2d", 512, 512, 0)
+    ]
+
+
+def test_cat_bytes(C: ModuleType) -> None:
+    a = torch.randn(8, 16, device="neuron")
+    cols = record(C, lambda: torch.cat([a, a, a]))
+    assert rows(cols, "name", "engine", "bytes_read", "bytes_written", "shapes") == [
+        ("aten::cat", "dma", 1536, 1536, "[8, 16], [8, 16], [8, 16]")
+    ]
+
+
+def test_views_run_no_kernel(C: ModuleType) -> None:
+    x = torch.ones(4, 4, device="neuron")
+    cols = record(C, lambda: (x.view(16), x.t(), x[1:3], x.unsqueeze(0), x.as_strided((2,), (1,)), x.expand(2, 4, 4)))
+    assert cols["seq"] == []
+
+
+def test_inplace_op_event(C: ModuleType) -> None:
+    x = torch.ones(4, 4, device="neuron")
+    y = torch.ones(4, 4, device="neuron")
+    cols = record(C, lambda: x.add_(y))
+    assert rows(cols, "kind", "name", "engine", "bytes_read", "bytes_written") == [
+        ("kernel", "aten::add_.Tensor", "scalar", 128, 64)
+    ]
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+
+def test_mm_flops_are_2mnk(C: ModuleType) -> None:
+    M, K, N = 8, 16, 4
+    a = torch.randn(M, K, device="neuron")
+    b = torch.randn(K, N, device="neuron")
+    cols = record(C, lambda: a @ b)
+    assert rows(cols, "name", "flops", "bytes_read", "bytes_written") == [
+        ("aten::mm", 2 * M * N * K, (M * K + K * N) * 4, M * N * 4)
+    ]
+
+
+def test_addmm_flops_include_the_bias_add(C: ModuleType) -> None:
+    M, K, N = 4, 8, 5
+    bias = torch.randn(N, device="neuron")
+    a = torch.randn(M, K, device="neuron")
+    b = torch.randn(K, N, device="neuron")
+    cols = record(C, lambda: torch.addmm(bias, a, b))
+    assert rows(cols, "name", "engine", "flops", "shapes") == [
+        ("aten::addmm", "tensor", 2 * M * N * K + M * N, f"[{N}], [{M}, {K}], [{K}, {N}]")
+    ]
+
+
+def test_linear_is_an_addmm_with_flops(C: ModuleType) -> None:
+    lin = torch.nn.Linear(8, 5).to("neuron")
+    x = torch.randn(4, 8, device="neuron")
+    cols = record(C, lambda: lin(x))
+    assert rows(cols, "name", "flops") == [("aten::addmm", 2 * 4 * 5 * 8 + 4 * 5)]
+
+
+def test_bmm_flops(C: ModuleType) -> None:
+    B, M, K, N = 3, 4, 6, 5
+    a = torch.randn(B, M, K, device="neuron")
+    b = torch.randn(B, K, N, device="neuron")
+    cols = record(C, lambda: torch.bmm(a, b))
+    assert rows(cols, "name", "flops") == [("aten::bmm", 2 * B * M * N * K)]
+
+
+def test_elementwise_and_reduction_flops_are_zero(C: ModuleType) -> None:
+    a = torch.randn(8, 8, device="neuron")
+    cols = record(C, lambda: (a * 2).sum(dim=0))
+    assert cols["flops"] == [0, 0]
+
+
+# --------------------------------------------------------------------------- signatures
+
+
+def test_new_signature_first_time_only_per_shape_dtype_and_device(C: ModuleType) -> None:
+    C.clear_signatures()
+    a = torch.randn(8, 8, device="neuron")
+    b = torch.randn(8, 8, device="neuron")
+    c = torch.randn(4, 8, device="neuron")
+    a1, b1 = a.to("neuron:1"), b.to("neuron:1")
+    C.clear_signatures()
+
+    def work() -> None:
+        a + b  # new
+        a + b  # seen
+        b + a  # same op, shapes and dtypes: seen
+        c + c  # new shapes
+        a.double() + b.double()  # _to_copy is native (no signature); add on float64: new
+        a1 + b1  # same signature on another device: new there
+
+    cols = record(C, work)
+    adds = [(d, s, n) for name, d, s, n in rows(cols, "name", "device", "shapes", "new_signature")
+            if name == "aten::add.Tensor"]  # fmt: skip
+    assert adds == [
+        (0, "[8, 8], [8, 8]", True),
+        (0, "[8, 8], [8, 8]", False),
+        (0, "[8, 8], [8, 8]", False),
+        (0, "[4, 8], [4, 8]", True),
+        (0, "[8, 8], [8, 8]", True),
+        (1, "[8, 8], [8, 8]", True),
+    ]
+    assert C.signature_count(1) == 1
+    assert "aten::add.Tensor(float32[8, 8], float32[8, 8])" in C.signatures(0)
+    assert "aten::add.Tensor(float32[4, 8], float32[4, 8])" in C.signatures(0)
+    assert "aten::add.Tensor(float64[8, 8], float64[8, 8])" in C.signatures(0)
+    assert C.signatures(1) == ["aten::add.Tensor(float32[8, 8], float32[8, 8])"]
+
+
+def test_signatures_are_counted_with_the_recorder_off(C: ModuleType) -> None:
+    C.clear_signatures()
+    x = torch.randn(3, 3, device="neuron")
+    before = C.signature_count(0)
+    x.exp()
+    x.exp()
+    torch.randn(5, device="neuron").exp()
+    assert C.signature_count(0) - before == 3  # normal_ [5] + exp [3,3] + exp [5]
+
+
+# --------------------------------------------------------------------------- DMA and sync events
+
+
+def test_host_to_device_copy_is_an_h2d_dma(C: ModuleType) -> None:
+    host = torch.randn(4, 8)
+    cols = record(C, lambda: host.to("neuron"))
+    assert rows(cols, "kind", "name", "engine", "direction", "device", "bytes_read", "bytes_written") == [
+        ("dma", "dma: host→device", "dma", "h2d", 0, 128, 128)
+    ]
+
+
+def test_device_to_host_copy_is_a_d2h_dma_and_a_sync(C: ModuleType) -> None:
+    n = torch.randn(4, 8, device="neuron:1")
+    cols = record(C, lambda: n.cpu())
+    assert rows(cols, "kind", "name", "engine", "direction", "device", "bytes_read") == [
+        ("dma", "dma: device→host", "dma", "d2h", 1, 128),
+        ("sync", "sync: device→host copy", "host", "", 1, 0),
+    ]
+
+
+def test_cross_device_copy_is_a_d2d_dma_on_the_destination(C: ModuleType) -> None:
+    n = torch.randn(4, 8, device="neuron:0")
+    cols = record(C, lambda: n.to("neuron:1"))
+    assert rows(cols, "kind", "engine", "direction", "device", "bytes_written") == [("dma", "dma", "d2d", 1, 128)]
+
+
+def test_item_is_a_d2h_dma_and_a_sync(C: ModuleType) -> None:
+    n = torch.randn(4, 8, device="neuron")
+    cols = record(C, lambda: n[1, 2].item())
+    assert rows(cols, "kind", "name", "direction", "bytes_read") == [
+        ("dma", "dma: device→host", "d2h", 4),
+        ("sync", "sync: item()", "", 0),
+    ]
+
+
+def test_tolist_syncs(C: ModuleType) -> None:
+    n = torch.arange(6, device="neuron")
+    cols = record(C, lambda: n.tolist())
+    assert rows(cols, "kind", "direction", "bytes_read") == [("dma", "d2h", 48), ("sync", "", 0)]
+
+
+def test_nonzero_is_a_kernel_then_a_sync(C: ModuleType) -> None:
+    n = torch.tensor([0.0, 1.0, 0.0, 2.0], device="neuron")
+    cols = record(C, lambda: torch.nonzero(n))
+    assert rows(cols, "kind", "name", "engine") == [
+        ("kernel", "aten::nonzero", "gpsimd"),
+        ("sync", "aten::nonzero", "host"),
+    ]
+    assert cols["bytes_written"][0] == 2 * 8  # two indices of one int64 coordinate
+
+
+def test_masked_select_syncs(C: ModuleType) -> None:
+    n = torch.arange(4.0, device="neuron")
+    m = n > 1
+    cols = record(C, lambda: torch.masked_select(n, m))
+    assert [k for k, name in rows(cols, "kind", "name") if name == "aten::masked_select"] == ["kernel", "sync"]
+
+
+def test_synchronize_is_a_sync_event(C: ModuleType) -> None:
+    cols = record(C, lambda: torch.neuron.synchronize(1))
+    assert rows(cols, "kind", "name", "device", "engine") == [("sync", "sync: torch.neuron.synchronize()", 1, "host")]
+
+
+def test_printing_a_tensor_syncs(C: ModuleType) -> None:
+    n = torch.arange(3.0, device="neuron")
+    cols = record(C, lambda: str(n))
+    assert cols["kind"].count("sync") >= 1
+    assert "d2h" in cols["direction"]
+
+
+# --------------------------------------------------------------------------- bounded buffer and control
+
+
+def test_bounded_buffer_keeps_the_newest_and_counts_drops(C: ModuleType) -> None:
+    x = torch.ones(4, device="neuron")
+    cols = record(C, lambda: [x.add_(1) for _ in range(25)], capacity=10)
+    assert len(cols["seq"]) == 10
+    assert C.recorder_dropped() == 15
+    assert cols["seq"] == list(range(cols["seq"][0], cols["seq"][0] + 10))
+    assert set(cols["name"]) == {"aten::add_.Tensor"}
+    C.recorder_clear()
+    assert C.recorder_dropped() == 0
+    assert C.recorder_read()["seq"] == []
+
+
+def test_recording_off_records_nothing(C: ModuleType) -> None:
+    x = torch.ones(4, device="neuron")
+    assert C.recorder_enabled() is False
+    (x + 1).sum().item()
+    x.cpu()
+    assert C.recorder_read()["seq"] == []
+    C.recorder_start(100, True, False)
+    assert C.recorder_enabled() is True
+    x + 1
+    C.recorder_stop()
+    assert C.recorder_enabled() is False
+    x + 1
+    assert C.recorder_read()["name"] == ["aten::add.Tensor"]
+
+
+def test_stop_keeps_events_until_clear(C: ModuleType) -> None:
+    x = torch.ones(4, device="neuron")
+    record(C, lambda: x * 3)
+    assert len(C.recorder_read()["seq"]) == 1
+    assert len(C.recorder_read()["seq"]) == 1  # reading does not consume
+    C.recorder_clear()
+    assert C.recorder_read()["seq"] == []
+
+
+def test_restart_with_the_same_capacity_appends(C: ModuleType) -> None:
+    x = torch.ones(4, device="neuron")
+    C.recorder_start(100, True, False)
+    x * 2
+    C.recorder_stop()
+    C.recorder_start(100, True, False)
+    x * 3
+    C.recorder_stop()
+    assert C.recorder_read()["name"] == ["aten::mul.Tensor", "aten::mul.Tensor"]
+
+
+def test_zero_capacity_is_rejected(C: ModuleType) -> None:
+    with pytest.raises(ValueError, match="recorder capacity must be >= 1, got 0"):
+        C.recorder_start(0, True, False)
+    assert C.recorder_enabled() is False
+
+
+def test_record_shapes_off_leaves_shapes_empty(C: ModuleType) -> None:
+    x = torch.ones(4, device="neuron")
+    cols = record(C, lambda: x * x, record_shapes=False)
+    assert rows(cols, "name", "shapes", "dtypes", "bytes_read") == [("aten::mul.Tensor", "", "", 32)]
+
+
+def test_events_from_other_threads_carry_their_thread(C: ModuleType) -> None:
+    x = torch.ones(4, device="neuron")
+
+    def work() -> None:
+        x * 2
+        t = threading.Thread(target=lambda: x * 3)
+        t.start()
+        t.join()
+        x * 4
+
+    cols = record(C, work)
+    assert len(cols["thread"]) == 3
+    assert cols["thread"][0] == cols["thread"][2] != cols["thread"][1]
+
+
+# --------------------------------------------------------------------------- stacks
+
+
+def _launch_from_helper(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_with_stack_names_this_file_innermost_last(C: ModuleType) -> None:
+    x = torch.ones(4, device="neuron")
+    cols = record(C, lambda: _launch_from_helper(x), with_stack=True)
+    (stack,) = cols["stack"]
+    assert stack, "with_stack=True recorded no frames"
+    assert all(set(f) == {"filename", "line", "name"} for f in stack)
+    ours = [f["name"] for f in stack if f["filename"].endswith(THIS_FILE)]
+    assert "_launch_from_helper" in ours and "test_with_stack_names_this_file_innermost_last" in ours
+    # notes/api.md: stack is innermost LAST (KernelEvent.location reads stack[-1])
+    assert stack[-1]["name"] == "_launch_from_helper", [f["name"] for f in stack]
+    assert stack[-1]["line"] == _launch_from_helper.__code__.co_firstlineno + 1
+
+
+def test_event_location_points_at_the_launching_line(C: ModuleType) -> None:
+    x = torch.ones(4, device="neuron")
+    cols = record(C, lambda: _launch_from_helper(x), with_stack=True)
+    (ev,) = tracing.events_from_columns(cols)
+    line = _launch_from_helper.__code__.co_firstlineno + 1
+    assert ev.location is not None
+    assert ev.location.endswith(f"{THIS_FILE}:{line} in _launch_from_helper"), ev.location
+
+
+# --------------------------------------------------------------------------- Python-side events
+
+
+def test_recorder_push_from_python(C: ModuleType) -> None:
+    assert C.recorder_push("marker", "ignored", 0, "host", 1, 2) is False  # off: not recorded
+    C.recorder_start(100, True, False)
+    t0 = C.now_ns()
+    pushed = C.recorder_push("kernel", "fused_kernel_0", 1, "vector", t0, t0 + 500, 64, 32, 1000, 3, "[4, 4]")
+    marker = C.recorder_push("marker", "step 1", 0, "host", t0 + 600, t0 + 600)
+    C.recorder_stop()
+    assert pushed is True and marker is True
+    cols = C.recorder_read()
+    assert rows(cols, "kind", "name", "device", "engine", "start_ns", "end_ns", "bytes_read", "bytes_written",
+                "flops", "subgraph", "shapes") == [
+        ("kernel", "fused_kernel_0", 1, "vector", t0, t0 + 500, 64, 32, 1000, 3, "[4, 4]"),
+        ("marker", "step 1", 0, "host", t0 + 600, t0 + 600, 0, 0, 0, -1, ""),
+    ]  # fmt: skip
+
+
+def test_recorder_push_validates_kind_and_engine(C: ModuleType) -> None:
+    C.recorder_start(100, True, False)
+    with pytest.raises(ValueError, match="unknown event kind 'nope'"):
+        C.recorder_push("nope", "x", 0, "host", 0, 0)
+    with pytest.raises(ValueError, match="unknown engine 'gpu'"):
+        C.recorder_push("kernel", "x", 0, "gpu", 0, 0)
+    C.recorder_stop()
+    assert C.recorder_read()["seq"] == []
+
+
+# --------------------------------------------------------------------------- tracing view
+
+
+def test_events_from_columns_on_a_real_recording(C: ModuleType) -> None:
+    host = torch.randn(8, 16)
+    w = torch.randn(16, 4, device="neuron")
+
+    def step() -> None:
+        x = host.to("neuron")
+        y = (x @ w).relu()
+        y.sum().item()
+
+    cols = record(C, step)
+    events = tracing.events_from_columns(cols)
+    assert [(e.kind, e.name, e.engine) for e in events] == [
+        ("dma", "dma: host→device", "dma"),
+        ("kernel", "aten::mm", "tensor"),
+        ("kernel", "aten::relu", "scalar"),
+        ("kernel", "aten::sum.dim_IntList", "vector"),
+        ("dma", "dma: device→host", "dma"),
+        ("sync", "sync: item()", "host"),
+    ]
+    mm = events[1]
+    assert mm.flops == 2 * 8 * 4 * 16
+    assert mm.shape_list == [(8, 16), (16, 4)]
+    assert mm.dtype_list == ["float32", "float32"]
+    assert mm.device_name == "neuron:0" and not mm.is_compiled
+    assert mm.bytes_total == (128 + 64) * 4 + 32 * 4
+    assert events[0].direction == "h2d" and events[0].bytes_written == 512
+    assert all(e.dur_ns >= 0 for e in events)
+    assert [e.seq for e in events] == cols["seq"]
+    back = tracing.events_to_columns(events)
+    for key in ("kind", "name", "device", "engine", "bytes_read", "bytes_written", "flops", "direction"):
+        assert list(back[key]) == list(cols[key]), key
