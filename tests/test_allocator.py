@@ -21,7 +21,7 @@ import pytest
 import torch
 from torch.cuda import _memory_viz
 
-import torchneuron_lab  # noqa: F401  (registers the device)
+import torchneuron_lab
 from tests._neuron_child import run_child
 from torchneuron_lab.device import memory as neuron_memory
 from torchneuron_lab.device._backend import lib
@@ -637,7 +637,9 @@ def test_record_memory_history_snapshot(dev: int, tmp_path: Path) -> None:
     assert raw[:2] == b"\x80\x04"  # pickle protocol 4: what MemoryViz.js reads
     dumped = pickle.loads(raw)
     assert set(dumped) == set(snap)
-    assert [s["address"] for s in dumped["segments"]] == [s["address"] for s in torch.neuron.memory._snapshot()["segments"]]
+    assert [s["address"] for s in dumped["segments"]] == [
+        s["address"] for s in torch.neuron.memory._snapshot()["segments"]
+    ]
 
 
 def test_history_off_records_no_trace(dev: int) -> None:

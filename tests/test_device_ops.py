@@ -213,7 +213,9 @@ def test_multi_output_out_variant() -> None:
 
 def test_out_on_the_cpu_is_a_device_mismatch() -> None:
     x = torch.ones(3, device="neuron")
-    with pytest.raises(RuntimeError, match=MISMATCH + r", neuron:0 and cpu!.*argument out in method aten::add\.out"):
+    with pytest.raises(
+        RuntimeError, match=MISMATCH + r", neuron:0 and cpu!.*argument out in method aten::add\.out"
+    ):
         torch.add(x, x, out=torch.empty(3))
 
 
@@ -222,7 +224,9 @@ def test_out_on_the_cpu_is_a_device_mismatch() -> None:
 
 def test_neuron_plus_cpu_tensor_raises_cudas_error() -> None:
     x = torch.randn(4, 4, device="neuron")
-    with pytest.raises(RuntimeError, match=MISMATCH + r", neuron:0 and cpu! \(when checking argument for argument other"):
+    with pytest.raises(
+        RuntimeError, match=MISMATCH + r", neuron:0 and cpu! \(when checking argument for argument other"
+    ):
         x + torch.randn(4, 4)
 
 
@@ -349,7 +353,9 @@ def test_sort_topk_and_index_ops_match_cpu() -> None:
         lambda t: torch.topk(t, 3).values,
         lambda t: t.index_select(1, torch.tensor([6, 0, 3], device=t.device)),
         lambda t: t.gather(1, torch.tensor([[0, 1]] * 5, device=t.device)),
-        lambda t: torch.zeros(5, 7, device=t.device).scatter_add(1, torch.tensor([[0, 0]] * 5, device=t.device), t),
+        lambda t: torch.zeros(5, 7, device=t.device).scatter_add(
+            1, torch.tensor([[0, 0]] * 5, device=t.device), t
+        ),
         lambda t: t.cumsum(0),
         lambda t: t.softmax(-1),
     ):

@@ -252,7 +252,9 @@ def test_ops_follow_their_inputs_not_the_current_device() -> None:
 def test_invalid_device_indices_say_how_many_there_are() -> None:
     with pytest.raises(ValueError, match=r"index 5 is out of range; valid indices are 0\.\.1"):
         torch.neuron.set_device(5)
-    with pytest.raises(IndexError, match=r"invalid neuron device index 5: there are 2 emulated neuron devices"):
+    with pytest.raises(
+        IndexError, match=r"invalid neuron device index 5: there are 2 emulated neuron devices"
+    ):
         torch.empty(2, device="neuron:5")
     with pytest.raises(IndexError, match=r"invalid neuron device index 7"):
         torch.ones(2).to("neuron:7")
@@ -273,7 +275,9 @@ def test_configure_with_the_same_values_after_use_is_accepted() -> None:
 def test_configure_after_first_use_raises_a_clear_error_in_process() -> None:
     torch.empty(1, device="neuron")
     before = neuron_device.current_config()
-    with pytest.raises(RuntimeError, match=r"already in use.*configure\(\) must be called before the first neuron"):
+    with pytest.raises(
+        RuntimeError, match=r"already in use.*configure\(\) must be called before the first neuron"
+    ):
         neuron_device.configure(num_devices=before["num_devices"] + 1)
     assert neuron_device.current_config() == before
     assert torch.neuron.device_count() == before["num_devices"]
@@ -331,7 +335,12 @@ def test_env_override_then_configure_before_and_after_first_use() -> None:
 def test_bad_env_value_names_the_variable() -> None:
     env = child_env({"TORCHNEURON_LAB_NUM_DEVICES": "two", "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"})
     proc = subprocess.run(
-        [sys.executable, "-c", "import torchneuron_lab"], check=False, cwd=ROOT, env=env, capture_output=True, text=True,
+        [sys.executable, "-c", "import torchneuron_lab"],
+        check=False,
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
         timeout=120,
     )
     assert proc.returncode != 0

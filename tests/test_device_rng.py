@@ -76,7 +76,9 @@ def test_device_stream_is_independent_of_the_cpu_generator(op: str) -> None:
 def test_device_draws_do_not_advance_the_cpu_generator(op: str) -> None:
     cpu_state = torch.default_generator.get_state()
     RANDOM_OPS[op]()
-    assert torch.equal(torch.default_generator.get_state(), cpu_state), f"{op} on neuron used the CPU generator"
+    assert torch.equal(torch.default_generator.get_state(), cpu_state), (
+        f"{op} on neuron used the CPU generator"
+    )
 
 
 def test_cpu_draws_do_not_advance_the_device_generator() -> None:

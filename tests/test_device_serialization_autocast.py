@@ -71,7 +71,9 @@ def test_map_location(map_location: Any, expected: dict[str, torch.device]) -> N
 
 def test_module_state_dict_round_trip(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)).to("neuron")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)).to(
+        "neuron"
+    )
     model(torch.randn(5, 4, device="neuron"))  # updates the BatchNorm running stats
     path = tmp_path / "model.pt"
     torch.save(model.state_dict(), path)
@@ -85,7 +87,9 @@ def test_module_state_dict_round_trip(tmp_path: Path) -> None:
     assert on_device["1.num_batches_tracked"].item() == 1
 
     on_1 = torch.load(path, map_location="neuron:1", weights_only=True)
-    clone = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)).to("neuron:1")
+    clone = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2)).to(
+        "neuron:1"
+    )
     result = clone.load_state_dict(on_1)
     assert result.missing_keys == [] and result.unexpected_keys == []
     assert clone[0].weight.device == N1
@@ -180,7 +184,9 @@ def test_autocast_runs_matmul_family_in_lower_precision(
 
 
 @pytest.mark.parametrize("op", list(FLOAT32), ids=list(FLOAT32))
-def test_autocast_keeps_reductions_and_fp32_ops_in_float32(op: str, mats: tuple[torch.Tensor, torch.Tensor]) -> None:
+def test_autocast_keeps_reductions_and_fp32_ops_in_float32(
+    op: str, mats: tuple[torch.Tensor, torch.Tensor]
+) -> None:
     a, b = mats
     with torch.autocast("neuron", dtype=torch.bfloat16):
         y = a @ b
@@ -192,7 +198,9 @@ def test_autocast_keeps_reductions_and_fp32_ops_in_float32(op: str, mats: tuple[
 
 
 @pytest.mark.parametrize("op", list(KEEP), ids=list(KEEP))
-def test_autocast_leaves_other_ops_in_their_input_dtype(op: str, mats: tuple[torch.Tensor, torch.Tensor]) -> None:
+def test_autocast_leaves_other_ops_in_their_input_dtype(
+    op: str, mats: tuple[torch.Tensor, torch.Tensor]
+) -> None:
     a, b = mats
     with torch.autocast("neuron", dtype=torch.bfloat16):
         y = a @ b

@@ -33,7 +33,9 @@ def C() -> Iterator[ModuleType]:
     core.recorder_clear()
 
 
-def record(C: ModuleType, fn: Any, capacity: int = 4096, record_shapes: bool = True, with_stack: bool = False) -> dict:
+def record(
+    C: ModuleType, fn: Any, capacity: int = 4096, record_shapes: bool = True, with_stack: bool = False
+) -> dict:
     """Run ``fn`` with the recorder on and return the columns it recorded."""
     C.recorder_clear()
     C.recorder_start(capacity, record_shapes, with_stack)
@@ -124,7 +126,9 @@ def test_cat_bytes(C: ModuleType) -> None:
 
 def test_views_run_no_kernel(C: ModuleType) -> None:
     x = torch.ones(4, 4, device="neuron")
-    cols = record(C, lambda: (x.view(16), x.t(), x[1:3], x.unsqueeze(0), x.as_strided((2,), (1,)), x.expand(2, 4, 4)))
+    cols = record(
+        C, lambda: (x.view(16), x.t(), x[1:3], x.unsqueeze(0), x.as_strided((2,), (1,)), x.expand(2, 4, 4))
+    )
     assert cols["seq"] == []
 
 
@@ -252,7 +256,9 @@ def test_device_to_host_copy_is_a_d2h_dma_and_a_sync(C: ModuleType) -> None:
 def test_cross_device_copy_is_a_d2d_dma_on_the_destination(C: ModuleType) -> None:
     n = torch.randn(4, 8, device="neuron:0")
     cols = record(C, lambda: n.to("neuron:1"))
-    assert rows(cols, "kind", "engine", "direction", "device", "bytes_written") == [("dma", "dma", "d2d", 1, 128)]
+    assert rows(cols, "kind", "engine", "direction", "device", "bytes_written") == [
+        ("dma", "dma", "d2d", 1, 128)
+    ]
 
 
 def test_item_is_a_d2h_dma_and_a_sync(C: ModuleType) -> None:
@@ -284,12 +290,17 @@ def test_masked_select_syncs(C: ModuleType) -> None:
     n = torch.arange(4.0, device="neuron")
     m = n > 1
     cols = record(C, lambda: torch.masked_select(n, m))
-    assert [k for k, name in rows(cols, "kind", "name") if name == "aten::masked_select"] == ["kernel", "sync"]
+    assert [k for k, name in rows(cols, "kind", "name") if name == "aten::masked_select"] == [
+        "kernel",
+        "sync",
+    ]
 
 
 def test_synchronize_is_a_sync_event(C: ModuleType) -> None:
     cols = record(C, lambda: torch.neuron.synchronize(1))
-    assert rows(cols, "kind", "name", "device", "engine") == [("sync", "sync: torch.neuron.synchronize()", 1, "host")]
+    assert rows(cols, "kind", "name", "device", "engine") == [
+        ("sync", "sync: torch.neuron.synchronize()", 1, "host")
+    ]
 
 
 def test_printing_a_tensor_syncs(C: ModuleType) -> None:

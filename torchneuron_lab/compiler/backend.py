@@ -1,0 +1,438 @@
+"""``torch.compile(backend="neuron")``: Dynamo -> AOTAutograd -> Inductor C++ kernels on device memory.
+
+TorchNeuron's compile path is Dynamo -> AOTAutograd -> FX passes -> (StableHLO -> neuronx-cc -> NEFF)
+-> runtime. Ours has the same shape; its last stage is Inductor's C++/OpenMP code generation for the
+CPU, and the compiled graph runs on zero-copy CPU aliases of the neuron tensors' memory:
+
+1. Dynamo captures the graph; this backend records it in the subgraph registry.
+2. AOTAutograd (with Inductor's decompositions and min-cut partitioner) produces forward/backward ATen
+   graphs whose fake tensors live on ``neuron``.
+3. Each ATen graph is retargeted to the CPU (device arguments rewritten, fake tensors re-propagated)
+   and compiled by ``compile_fx_inner``: fused C++ kernels plus ATen "extern" kernels (e.g. mm).
+4. At run time the compiled graph is called through ``run_on_host``: inputs become CPU aliases of
+   device memory (no copy), every buffer the graph allocates comes from the neuron caching allocator
+   (so it shows in ``torch.neuron.memory_stats``), and outputs are adopted back as neuron tensors.
+
+Each fused-kernel launch and extern-kernel call is a recorder event tagged with the subgraph id.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from ..device import DEVICE_TYPE
+from ..device import register as _register_device
+from ..device._backend import lib
+from . import capture, registry
+from .registry import SubgraphRecord
+
+__all__ = ["neuron_backend", "register_backend"]
+
+_state = threading.local()
+_graph_counter = iter(range(1, 1 << 62))
+_frame_start: dict[str, float] = {}
+
+_TENSOR_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "matmul", "linear", "addmv")
+_VECTOR_HINTS = ("sum", "mean", "amax", "amin", "max", "min", "softmax", "norm", "var", "std", "logsumexp",
+                 "prod", "argmax", "argmin", "cumsum", "any", "all")
+_GATHER_HINTS = ("index", "gather", "scatter", "embedding", "sort", "topk")
+
+
+def _engine_for(ops: Sequence[str]) -> str:
+    names = [o.split(".")[-1] if "." in o else o for o in ops]
+    if any(n in _TENSOR_OPS for n in names):
+        return "tensor"
+    if any(h in n for n in names for h in _GATHER_HINTS):
+        return "gpsimd"
+    if any(h in n for n in names for h in _VECTOR_HINTS):
+        return "vector"
+    return "scalar"
+
+
+def _nbytes(t: Any) -> int:
+    return int(t.numel() * t.element_size()) if isinstance(t, torch.Tensor) else 0
+
+
+def _mm_flops(name: str, args: Sequence[Any]) -> int:
+    ts = [a for a in args if isinstance(a, torch.Tensor)]
+    try:
+        if name == "mm" and len(ts) >= 2:
+            return 2 * ts[0].shape[0] * ts[0].shape[1] * ts[1].shape[1]
+        if name == "addmm" and len(ts) >= 3:
+            return 2 * ts[1].shape[0] * ts[1].shape[1] * ts[2].shape[1]
+        if name == "bmm" and len(ts) >= 2:
+            return 2 * ts[0].shape[0] * ts[0].shape[1] * ts[0].shape[2] * ts[1].shape[2]
+        if name == "baddbmm" and len(ts) >= 3:
+            return 2 * ts[1].shape[0] * ts[1].shape[1] * ts[1].shape[2] * ts[2].shape[2]
+    except (IndexError, RuntimeError):
+        return 0
+    return 0
+
+
+def _current_run() -> tuple[int, int] | None:
+    return getattr(_state, "run", None)
+
+
+def _timed_kernel(fn: Callable[..., Any], name: str, aten_ops: list[str], const_mask: list[bool]) -> Callable[..., Any]:
+    engine = _engine_for(aten_ops)
+    C = lib()
+
+    @functools.wraps(fn)
+    def kernel(*args: Any) -> Any:
+        run = _current_run()
+        if run is None or not C.recorder_enabled():
+            return fn(*args)
+        t0 = C.now_ns()
+        out = fn(*args)
+        t1 = C.now_ns()
+        read = written = 0
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if i < len(const_mask) and const_mask[i]:
+                    read += _nbytes(a)
+                else:
+                    written += _nbytes(a)
+        C.recorder_push("kernel", name, run[1], engine, t0, t1, read, written, 0, run[0], "")
+        return out
+
+    kernel._tnl_wrapped = True  # type: ignore[attr-defined]
+    return kernel
+
+
+class _ExternKernels:
+    """Stands in for Inductor's ``extern_kernels`` module in a compiled wrapper: times each call."""
+
+    _tnl_wrapped = True
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        if not callable(target):
+            return target
+        C = lib()
+        engine = "tensor" if name in _TENSOR_OPS else _engine_for([name])
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            run = _current_run()
+            if run is None or not C.recorder_enabled():
+                return target(*args, **kwargs)
+            t0 = C.now_ns()
+            out = target(*args, **kwargs)
+            t1 = C.now_ns()
+            read = sum(_nbytes(a) for a in args)
+            written = _nbytes(kwargs.get("out"))
+            C.recorder_push("kernel", f"extern: aten::{name}", run[1], engine, t0, t1, read, written,
+                            _mm_flops(name, args), run[0], "")
+            return out
+
+        return call
+
+
+_PYBINDING = re.compile(r"^(?P<name>cpp_fused_\w+) = async_compile\.cpp_pybinding\(\[(?P<args>[^\]]*)\]", re.M)
+_ORIGIN = re.compile(r"Original ATen: \[(?P<ops>[^\]]*)\]")
+
+
+def _kernels_from_source(src: str) -> tuple[list[dict[str, Any]], list[str], dict[str, list[bool]]]:
+    """(kernels, fallback ops, const masks) read from Inductor's generated wrapper source."""
+    kernels: list[dict[str, Any]] = []
+    masks: dict[str, list[bool]] = {}
+    for m in _PYBINDING.finditer(src):
+        masks[m.group("name")] = ["const" in a for a in m.group("args").split(",")]
+    pending_ops: list[str] = []
+    fallbacks: list[str] = []
+    seen: set[str] = set()
+    in_call = False
+    for line in src.splitlines():
+        s = line.strip()
+        if s.startswith("def call(self, args)") or s.startswith("def call(args)"):
+            in_call = True
+            continue
+        if not in_call:
+            continue
+        om = _ORIGIN.search(s)
+        if om:
+            pending_ops = [o.strip() for o in om.group("ops").split(",") if o.strip()]
+            continue
+        km = re.match(r"(cpp_fused_\w+)\(", s)
+        if km and km.group(1) not in seen:
+            name = km.group(1)
+            seen.add(name)
+            ops = pending_ops or [f"aten.{p}" for p in re.sub(r"^cpp_fused_|_\d+$", "", name).split("_") if p]
+            kernels.append({"name": name, "aten_ops": ops, "kind": "fused"})
+            pending_ops = []
+            continue
+        em = re.search(r"extern_kernels\.(\w+)\(", s)
+        if em:
+            kernels.append({"name": f"extern: aten::{em.group(1)}", "aten_ops": pending_ops or [f"aten.{em.group(1)}"],
+                            "kind": "extern"})
+            fallbacks.append(f"aten::{em.group(1)}")
+            pending_ops = []
+            continue
+        am = re.search(r"torch\.ops\.aten\.(\w+)\.(\w+)\(", s)
+        if am:
+            fallbacks.append(f"aten::{am.group(1)}.{am.group(2)}")
+            kernels.append({"name": f"aten::{am.group(1)}.{am.group(2)}", "aten_ops": [f"aten.{am.group(1)}"],
+                            "kind": "aten-fallback"})
+            pending_ops = []
+    return kernels, sorted(set(fallbacks)), masks
+
+
+def _instrument(compiled: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    src = getattr(compiled, "source_code", None) or ""
+    kernels, fallbacks, masks = _kernels_from_source(src)
+    call = getattr(compiled, "current_callable", None)
+    gl = getattr(call, "__globals__", None)
+    if gl is None:
+        return kernels, fallbacks
+    origins = {k["name"]: k["aten_ops"] for k in kernels}
+    for name in list(gl):
+        if name.startswith("cpp_fused_") and callable(gl[name]) and not getattr(gl[name], "_tnl_wrapped", False):
+            gl[name] = _timed_kernel(gl[name], name, origins.get(name, []), masks.get(name, []))
+    ek = gl.get("extern_kernels")
+    if ek is not None and not getattr(ek, "_tnl_wrapped", False):
+        gl["extern_kernels"] = _ExternKernels(ek)
+    return kernels, fallbacks
+
+
+def _cpu_device(a: Any) -> Any:
+    if isinstance(a, torch.device) and a.type == DEVICE_TYPE:
+        return torch.device("cpu")
+    return a
+
+
+def _retarget_to_cpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[Any]:
+    """Rewrite the graph's device arguments and fake tensors from neuron to cpu (in place)."""
+    from torch._guards import detect_fake_mode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+    from torch.utils._pytree import tree_map
+
+    fake_mode = detect_fake_mode(example_inputs)
+    for node in gm.graph.nodes:
+        node.args = tree_map(_cpu_device, node.args)
+        node.kwargs = tree_map(_cpu_device, node.kwargs)
+    gm.recompile()
+    cpu_inputs: list[Any] = []
+    assert fake_mode is not None, "AOTAutograd passes fake tensors to the compiler"
+    with fake_mode:
+        for t in example_inputs:
+            if isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE:
+                cpu_inputs.append(torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu"))
+            else:
+                cpu_inputs.append(t)
+    FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*cpu_inputs)
+    return cpu_inputs
+
+
+def _input_signature(example_inputs: Sequence[Any]) -> list[dict[str, Any]]:
+    sig: list[dict[str, Any]] = []
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor):
+            dyn = [i for i, s in enumerate(t.shape) if not isinstance(s, int)]
+            sig.append({"shape": [str(s) for s in t.shape], "dtype": str(t.dtype).replace("torch.", ""),
+                        "device": str(t.device), "dynamic_dims": dyn})
+        else:
+            sig.append({"shape": None, "dtype": type(t).__name__, "device": None, "dynamic_dims": [],
+                        "value": str(t)})
+    return sig
+
+
+def _user_source(gm: torch.fx.GraphModule) -> list[dict[str, Any]]:
+    seen: dict[tuple[str, int], dict[str, Any]] = {}
+    pat = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<code>.*)')
+    for node in gm.graph.nodes:
+        st = node.meta.get("stack_trace")
+        if not st:
+            continue
+        matches = list(pat.finditer(st))
+        if not matches:
+            continue
+        m = matches[-1]  # innermost user frame
+        key = (m.group("file"), int(m.group("line")))
+        if key not in seen:
+            seen[key] = {"filename": key[0], "line": key[1], "name": m.group("fn"), "code": m.group("code").strip(),
+                         "location": capture._location(key[0], key[1])}
+    return sorted(seen.values(), key=lambda d: (d["filename"], d["line"]))
+
+
+def _traced_function() -> str | None:
+    """Name of the function Dynamo is compiling (its frame's code object), if known."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+
+        tx = InstructionTranslator.current_tx()
+        code = tx.f_code
+    except Exception:  # noqa: BLE001 - not inside Dynamo's tracer
+        return None
+    name = code.co_qualname if hasattr(code, "co_qualname") else code.co_name
+    if "/torch/" in code.co_filename.replace("\\", "/"):  # Dynamo's own wrapper (e.g. an nn.Module call)
+        return None
+    return str(name)
+
+
+def _module_name(gm: torch.fx.GraphModule) -> str | None:
+    """``Sequential.forward`` for a compiled module, from the graph's nn_module_stack."""
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack")
+        if stack:
+            path, ty = next(iter(stack.values()))
+            tyname = getattr(ty, "__name__", None) or str(ty).rsplit(".", 1)[-1].strip("'>")
+            return f"{tyname}.forward"
+    return None
+
+
+def _op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
+    c: collections.Counter[str] = collections.Counter()
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            c[str(node.target)] += 1
+    return dict(c.most_common())
+
+
+def _device_of(example_inputs: Sequence[Any]) -> int:
+    for t in example_inputs:
+        if isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE:
+            return int(t.device.index or 0)
+    return int(lib().current_device())
+
+
+def _make_compiler(kind: str, ctx: dict[str, Any]) -> Callable[..., Any]:
+    from torch._inductor.compile_fx import compile_fx_inner
+    from torch._dynamo.utils import counters
+
+    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        t0 = time.perf_counter()
+        device = _device_of(example_inputs)
+        fx_code = gm.print_readable(print_output=False)
+        op_counts = _op_counts(gm)
+        inputs = _input_signature(example_inputs)
+        cpu_inputs = _retarget_to_cpu(gm, example_inputs)
+        hits0 = counters["inductor"]["fxgraph_cache_hit"]
+        compiled = compile_fx_inner(
+            gm, cpu_inputs, is_backward=(kind == "backward"), is_inference=(kind == "inference")
+        )
+        hits = counters["inductor"]["fxgraph_cache_hit"] - hits0
+        kernels, fallbacks = _instrument(compiled)
+        lowering_ms = (time.perf_counter() - t0) * 1e3
+        ctx["lowering_s"] = ctx.get("lowering_s", 0.0) + lowering_ms / 1e3
+        rid = registry._new_id()
+        rec = SubgraphRecord(
+            id=rid,
+            name=f"{kind} of {ctx['function']} (compile {ctx['compile_id']})",
+            kind=kind,
+            compile_id=ctx["compile_id"],
+            graph_key=ctx["graph_key"],
+            function=ctx["function"],
+            source=ctx["source"],
+            fx_code=fx_code,
+            op_counts=op_counts,
+            inputs=inputs,
+            guards=[],
+            compile_ms={"dynamo": ctx.get("dynamo_ms"), "aot_autograd": None, "lowering": lowering_ms},
+            kernels=kernels,
+            fallbacks=fallbacks,
+            cache_hits=int(hits),
+            device=device,
+        )
+        if kind == "backward" and ctx.get("forward_id") is not None:
+            rec.pair_id = ctx["forward_id"]
+            try:
+                registry.get(ctx["forward_id"]).pair_id = rid
+            except KeyError:
+                pass
+        if kind == "forward":
+            ctx["forward_id"] = rid
+        ctx.setdefault("records", []).append(rec)
+        registry._add(rec)
+        C = lib()
+
+        def run(args: list[Any]) -> Any:
+            rec.calls += 1
+            prev = getattr(_state, "run", None)
+            _state.run = (rec.id, device)
+            try:
+                out = C.run_on_host(compiled, list(args), device)
+            finally:
+                _state.run = prev
+            args.clear()
+            return out
+
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    return compiler
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+    """The Dynamo backend registered as ``"neuron"``."""
+    register_backend()
+    from functorch.compile import min_cut_rematerialization_partition
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+
+    _register_device()
+    capture.install()
+    t_entry = time.perf_counter()
+    compile_id = capture._compile_id() or "?"
+    start = _frame_start.pop(compile_id, None)
+    source = _user_source(gm)
+    function = _traced_function() or _module_name(gm) or (source[0]["name"] if source else "<graph>")
+    if "torch_dynamo_resume_in_" in function:
+        function = function.split(".")[-1]
+    if function.startswith("torch_dynamo_resume_in_"):
+        m = re.match(r"torch_dynamo_resume_in_(\w+?)_at_(\d+)", function)
+        if m:
+            function = f"{m.group(1)} (after the break at line {m.group(2)})"
+    ctx: dict[str, Any] = {
+        "compile_id": compile_id,
+        "graph_key": next(_graph_counter),
+        "function": function,
+        "source": source,
+        "dynamo_ms": (t_entry - start) * 1e3 if start is not None else None,
+    }
+    compiled = aot_autograd(
+        fw_compiler=_make_compiler("forward", ctx),
+        bw_compiler=_make_compiler("backward", ctx),
+        inference_compiler=_make_compiler("inference", ctx),
+        partition_fn=min_cut_rematerialization_partition,
+        decompositions=select_decomp_table(),
+    )(gm, example_inputs)
+    total_ms = (time.perf_counter() - t_entry) * 1e3
+    for rec in ctx.get("records", []):
+        if rec.kind in ("forward", "inference"):
+            rec.compile_ms["aot_autograd"] = max(0.0, total_ms - ctx.get("lowering_s", 0.0) * 1e3)
+    return compiled
+
+
+def _on_compile_start(args: Any = None) -> None:
+    cid = getattr(args, "compile_id", None)
+    key = str(cid) if cid is not None else (capture._compile_id() or "?")
+    _frame_start[key] = time.perf_counter()
+
+
+_registered = False
+
+
+def register_backend() -> None:
+    """Register ``"neuron"`` with Dynamo (idempotent; the package's entry point does the same lazily)."""
+    global _registered
+    if _registered:
+        return
+    from torch._dynamo import list_backends
+    from torch._dynamo.backends.registry import register_backend as _reg
+    from torch._dynamo.callback import callback_handler
+
+    if "neuron" not in list_backends(exclude_tags=()):
+        _reg(name="neuron")(neuron_backend)
+    callback_handler.register_start_callback(_on_compile_start)
+    capture.install()
+    _registered = True

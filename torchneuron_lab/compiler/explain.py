@@ -1,0 +1,92 @@
+"""``explain(fn, *args)``: compile with the neuron backend, run, and report graphs, breaks and ops."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import capture, registry
+from .capture import GraphBreak, Recompile
+from .registry import SubgraphRecord
+
+__all__ = ["ExplainReport", "explain"]
+
+
+@dataclass
+class ExplainReport:
+    """What compiling ``fn`` produced: graphs (registry records), graph breaks, recompiles, the output."""
+
+    function: str
+    graphs: list[SubgraphRecord] = field(default_factory=list)
+    graph_breaks: list[GraphBreak] = field(default_factory=list)
+    recompiles: list[Recompile] = field(default_factory=list)
+    output: Any = None
+
+    @property
+    def graph_count(self) -> int:
+        """Dynamo graphs (a forward/backward pair counts once)."""
+        return len({g.graph_key for g in self.graphs})
+
+    @property
+    def break_count(self) -> int:
+        return sum(b.count for b in self.graph_breaks)
+
+    def ops_per_graph(self) -> dict[int, int]:
+        return {g.id: g.num_ops for g in self.graphs}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "function": self.function,
+            "graph_count": self.graph_count,
+            "break_count": self.break_count,
+            "graphs": [g.as_dict() for g in self.graphs],
+            "graph_breaks": [b.as_dict() for b in self.graph_breaks],
+            "recompiles": [r.as_dict() for r in self.recompiles],
+        }
+
+    def __str__(self) -> str:
+        lines = [f"{self.function}: {self.graph_count} graph(s), {self.break_count} graph break(s), "
+                 f"{len(self.recompiles)} recompile(s)"]
+        for g in self.graphs:
+            lines.append(f"  graph #{g.id} [{g.kind}] {g.name}: {g.num_ops} ops, {len(g.kernels)} kernels"
+                         + (f", fallbacks: {', '.join(g.fallbacks)}" if g.fallbacks else ""))
+        for b in self.graph_breaks:
+            lines.append(f"  break at {b.location}: {b.reason}" + (f" (x{b.count})" if b.count > 1 else ""))
+            if b.hints:
+                lines.append(f"    hint: {b.hints[0]}")
+        for r in self.recompiles:
+            lines.append(f"  recompile of {r.function} at {r.location}: {'; '.join(r.failures)}")
+        return "\n".join(lines)
+
+
+def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
+    """Compile ``fn`` with ``torch.compile(backend="neuron")``, call it once, and report.
+
+    Like ``torch._dynamo.explain``, this resets Dynamo's caches first, so the function is compiled
+    afresh (other compiled functions recompile on their next call).
+    """
+    import torch
+
+    from .backend import register_backend
+
+    register_backend()
+    torch._dynamo.reset()
+    n_graphs = len(registry.records())
+    n_breaks = {(b.filename, b.line, b.reason): b.count for b in capture.graph_breaks()}
+    n_recompiles = len(capture.recompiles())
+    compiled = torch.compile(fn, backend="neuron")
+    output = compiled(*args, **kwargs)
+    breaks: list[GraphBreak] = []
+    for b in capture.graph_breaks():
+        before = n_breaks.get((b.filename, b.line, b.reason), 0)
+        if b.count > before:
+            from dataclasses import replace
+
+            breaks.append(replace(b, count=b.count - before))
+    return ExplainReport(
+        function=getattr(fn, "__qualname__", repr(fn)),
+        graphs=registry.records()[n_graphs:],
+        graph_breaks=breaks,
+        recompiles=capture.recompiles()[n_recompiles:],
+        output=output,
+    )
