@@ -28,21 +28,39 @@ _registered = False
 _config: dict[str, Any] = {}
 
 
-def _env_int(name: str) -> int | None:
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2, "mib": 1 << 20,
+          "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4, "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_size(raw: str, what: str = "value") -> int:
+    """``'67108864'``, ``'64MiB'``, ``'1.5 GiB'``, ``'2e9'`` -> bytes; ``ValueError`` naming the value otherwise."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?|0[xX][0-9a-fA-F]+)\s*([A-Za-z]*)\s*", raw)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in _UNITS:
+        raise ValueError(f"{what}={raw!r} is not a size; use bytes or a unit such as 64MiB, 24GiB, 2e9")
+    num = m.group(1)
+    value = int(num, 16) if num.lower().startswith("0x") else float(num)
+    return int(value * _UNITS[unit])
+
+
+def _env_int(name: str, *, size: bool = False) -> int | None:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return None
+    if size:
+        return parse_size(raw, name)
     try:
-        value = int(float(raw)) if "e" in raw.lower() else int(raw, 0)
+        return int(raw, 0)
     except ValueError:
         raise ValueError(f"{name}={raw!r} is not an integer") from None
-    return value
 
 
 def _resolve(num_devices: int | None, hbm_bytes: int | None, profile_name: str | None) -> dict[str, Any]:
     prof = get_profile(profile_name or os.environ.get("TORCHNEURON_LAB_PROFILE") or default_profile().name)
     n = num_devices if num_devices is not None else _env_int("TORCHNEURON_LAB_NUM_DEVICES")
-    hbm = hbm_bytes if hbm_bytes is not None else _env_int("TORCHNEURON_LAB_HBM_BYTES")
+    hbm = hbm_bytes if hbm_bytes is not None else _env_int("TORCHNEURON_LAB_HBM_BYTES", size=True)
     n = 2 if n is None else n
     hbm = prof.hbm_bytes if hbm is None else hbm
     if not isinstance(n, int) or not 1 <= n <= 64:

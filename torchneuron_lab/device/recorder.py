@@ -61,7 +61,7 @@ def dropped() -> int:
 
 
 def _user_frame(stack: list[dict[str, Any]]) -> dict[str, Any] | None:
-    for fr in stack:  # innermost first, as the C++ side returns it
+    for fr in reversed(stack):  # the C++ side returns frames innermost last
         fn = str(fr.get("filename", ""))
         if not any(tag in fn for tag in _INTERNAL):
             return fr
@@ -83,7 +83,6 @@ def read(*, profile: Any = None) -> Trace:
             continue
         mapped = _source_mapper(fr["filename"], int(fr["line"])) if _source_mapper else None
         sources.append(mapped or f"{fr['filename']}:{fr['line']} in {fr['name']}")
-    cols["stack"] = [list(reversed(st)) for st in stacks]  # tracing layer: innermost last
     cols["source"] = sources
     events = events_from_columns(cols)
     prof = profile if profile is not None else current_profile()

@@ -115,7 +115,15 @@ py::dict recorder_read_py() {
   d["seq"] = seq; d["kind"] = kind; d["name"] = name; d["device"] = device; d["engine"] = engine;
   d["start_ns"] = start; d["end_ns"] = end; d["bytes_read"] = br; d["bytes_written"] = bw; d["flops"] = flops;
   d["new_signature"] = newsig; d["shapes"] = shapes; d["dtypes"] = dtypes; d["direction"] = direction;
-  d["subgraph"] = subgraph; d["thread"] = thread; d["stack"] = symbolize_all(stacks);
+  // frames innermost last (api.md); the symbolizer returns them innermost first
+  py::list stack_lists = symbolize_all(stacks);
+  py::list ordered;
+  for (py::handle fl : stack_lists) {
+    py::list frames = py::reinterpret_borrow<py::list>(fl);
+    frames.attr("reverse")();
+    ordered.append(frames);
+  }
+  d["subgraph"] = subgraph; d["thread"] = thread; d["stack"] = ordered;
   return d;
 }
 

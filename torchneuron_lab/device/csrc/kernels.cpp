@@ -14,6 +14,7 @@
 #include "neuron.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -56,6 +57,7 @@ struct OpMeta {
   bool view_only = false;  // every return aliases an input and nothing is written: no kernel runs
   bool sync = false;       // output shape depends on device data: the host waits
   bool allow_cpu_tensors = false;
+  bool rng_without_generator = false;  // random op with no Generator argument (e.g. native_dropout)
 };
 
 const std::unordered_set<std::string>& names_in(const char* which) {
@@ -171,6 +173,9 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
     if (!r.alias_info() || r.alias_info()->isWrite()) all_alias = false;
   }
   m.view_only = all_alias && !m.any_write;
+  m.rng_without_generator = m.gen_args.empty() &&
+                            (plain == "native_dropout" || plain == "feature_dropout" || plain == "alpha_dropout" ||
+                             plain == "feature_alpha_dropout" || plain == "dropout" || plain == "_fused_dropout");
   return m;
 }
 
@@ -440,6 +445,33 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       return o.str();
     });
   }
+
+  // Random ops without a Generator argument draw from the CPU default generator inside host kernels:
+  // lend it the device generator's state for the call, then hand the advanced state back.
+  std::optional<at::Tensor> saved_cpu_rng;
+  at::Generator engine;
+  if (meta.rng_without_generator) {
+    engine = cpu_engine_of(default_generator(cs.device));
+    at::Generator cpu = at::detail::getDefaultCPUGenerator();
+    std::lock_guard<std::mutex> lock(cpu.mutex());
+    saved_cpu_rng = cpu.get_state();
+    std::lock_guard<std::mutex> lock2(engine.mutex());
+    cpu.set_state(engine.get_state());
+  }
+  struct RngRestore {
+    std::optional<at::Tensor>& saved;
+    at::Generator& engine;
+    ~RngRestore() {
+      if (!saved.has_value()) return;
+      at::Generator cpu = at::detail::getDefaultCPUGenerator();
+      std::lock_guard<std::mutex> lock(cpu.mutex());
+      {
+        std::lock_guard<std::mutex> lock2(engine.mutex());
+        engine.set_state(cpu.get_state());
+      }
+      cpu.set_state(*saved);
+    }
+  } rng_restore{saved_cpu_rng, engine};
 
   const int64_t t0 = rec ? now_ns() : 0;
   try {
@@ -747,6 +779,15 @@ at::Scalar local_scalar_dense(const at::Tensor& self) {
   return r;
 }
 
+// nn.Module.to("neuron") moves parameters in place (param.data = moved) when this says yes, as for CUDA.
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto plain = [](const at::Tensor& t) {
+    return t.layout() == at::kStrided && (t.is_cpu() || t.device().type() == kNeuron) && !t.is_quantized();
+  };
+  if (self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set())) return true;
+  return plain(self) && plain(from);
+}
+
 at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArrayRef stride,
                       std::optional<int64_t> offset) {
   return at::native::as_strided_tensorimpl(self, size, stride, offset);
@@ -809,6 +850,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from_and_resize", copy_from_and_resize);
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("_to_copy", at::native::_to_copy);
+  m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   // CompositeExplicitAutograd kernels that pick a backend by device type: run them on the CPU side.
   for (const char* name : {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
                            "convolution_backward_overrideable"}) {
