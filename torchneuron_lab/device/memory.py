@@ -228,24 +228,30 @@ def memory_stats(device: Device = None) -> dict[str, Any]:
     return collections.OrderedDict(pairs)
 
 
+def _stat(device: Device, group: str, field: str) -> int:
+    """One counter read straight from the nested stats (no flattening: these are called in loops)."""
+    nested = _lib().memory_stats(_device_index(device))
+    return int(nested.get(group, {}).get("all", {}).get(field, 0))
+
+
 def memory_allocated(device: Device = None) -> int:
     """Return the bytes currently occupied by tensors on ``device``."""
-    return int(memory_stats(device).get("allocated_bytes.all.current", 0))
+    return _stat(device, "allocated_bytes", "current")
 
 
 def max_memory_allocated(device: Device = None) -> int:
     """Return the peak bytes occupied by tensors on ``device`` since the last peak reset."""
-    return int(memory_stats(device).get("allocated_bytes.all.peak", 0))
+    return _stat(device, "allocated_bytes", "peak")
 
 
 def memory_reserved(device: Device = None) -> int:
     """Return the bytes the caching allocator currently holds on ``device`` (used or cached)."""
-    return int(memory_stats(device).get("reserved_bytes.all.current", 0))
+    return _stat(device, "reserved_bytes", "current")
 
 
 def max_memory_reserved(device: Device = None) -> int:
     """Return the peak bytes held by the caching allocator on ``device`` since the last peak reset."""
-    return int(memory_stats(device).get("reserved_bytes.all.peak", 0))
+    return _stat(device, "reserved_bytes", "peak")
 
 
 def reset_peak_memory_stats(device: Device = None) -> None:

@@ -284,8 +284,6 @@ class DeviceAllocator {
     auto it = p.lower_bound(&key);
     if (it == p.end()) return nullptr;
     Block* b = *it;
-    // Do not carve a small request out of a huge cached block (keeps fragmentation bounded).
-    if (!small && size < kMinLargeAlloc && b->size >= kMinLargeAlloc * 2) return nullptr;
     p.erase(it);
     return b;
   }

@@ -242,8 +242,10 @@ c10::Storage adopt_storage(c10::StorageImpl* cs, int device) {
   const size_t nbytes = cs->nbytes();
   c10::DataPtr dp;
   if (is_neuron_data_ptr(cs->data_ptr())) {
-    dp = cs->set_data_ptr(c10::DataPtr());
-    dp.unsafe_set_device(c10::Device(kNeuron, device));
+    // The storage already holds a device block: re-label it in place (no new StorageImpl, no copy).
+    cs->mutable_data_ptr().unsafe_set_device(c10::Device(kNeuron, device));
+    cs->set_allocator(neuron_allocator());
+    return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(cs));
   } else {
     dp = allocate_on(device, nbytes);
     if (nbytes > 0) std::memcpy(dp.get(), cs->data_ptr().get(), nbytes);
