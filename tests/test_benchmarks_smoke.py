@@ -18,6 +18,8 @@ BENCH = ROOT / "benchmarks"
 RATIO = r"^RATIO {key} neuron/cpu = \d+\.\d{{3}}x"
 BAR = r"  \[bar <= \d\.\d\dx: (PASS|FAIL)\]$"
 
+COMPILE_CASES = ["compile.mlp_sgd_step", "compile.encoder_fwd", "compile.encoder_fwd_nofastpath"]
+
 EXPECTED: dict[str, list[str]] = {
     "bench_eager_ops.py": [
         RATIO.format(key=re.escape("eager.add_64x64")) + BAR,
@@ -34,6 +36,27 @@ EXPECTED: dict[str, list[str]] = {
         RATIO.format(key=re.escape("train.mlp_adamw")) + BAR,
         RATIO.format(key=re.escape("train.encoder_layer_adamw")) + "$",
         r"^BARS \d/2 pass",
+    ],
+    "bench_compile.py": [
+        *(
+            rf"^SPEEDUP {re.escape(key)} neuron = \d+\.\d{{3}}x, inductor-cpu = \d+\.\d{{3}}x$"
+            for key in COMPILE_CASES
+        ),
+        *(
+            rf"^COMPILE {re.escape(key)} neuron = \d+\.\d\d s, inductor-cpu = \d+\.\d\d s$"
+            for key in COMPILE_CASES
+        ),
+        *(
+            rf"^RATIO {re.escape(key)}\.speedup neuron/inductor-cpu = \d+\.\d{{3}}x"
+            r"  \[speedup bar >= 0\.90x: (PASS|FAIL)\]$"
+            for key in COMPILE_CASES
+        ),
+        *(
+            rf"^RATIO {re.escape(key)}\.compile_time neuron/inductor-cpu = \d+\.\d{{3}}x"
+            r"  \[compile time bar <= 1\.20x: (PASS|FAIL)\]$"
+            for key in COMPILE_CASES
+        ),
+        r"^BARS \d/6 pass",
     ],
     "bench_allocator.py": [
         r"^PAIR alloc_free\.empty_1024 neuron = \d+ ns/pair, cpu = \d+ ns/pair$",

@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <array>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -467,9 +468,12 @@ bool free_neuron_ptr(void* ptr) {
   return false;
 }
 
+// Deleters run inside destructors: they must never throw (that would terminate the interpreter).
 void neuron_block_free(void* ptr) {
-  const bool ok = free_neuron_ptr(ptr);
-  TORCH_INTERNAL_ASSERT(ok, "neuron allocator: free of an unknown pointer");
+  if (ptr == nullptr) return;
+  if (!free_neuron_ptr(ptr)) {
+    std::fprintf(stderr, "torchneuron_lab: neuron allocator asked to free unknown pointer %p (ignored)\n", ptr);
+  }
 }
 
 class NeuronAllocator final : public c10::Allocator {
@@ -489,8 +493,8 @@ c10::DeleterFnPtr g_base_raw_deleter = nullptr;
 void redirect_raw_free(void* ptr) {
   if (ptr == nullptr) return;
   if (free_neuron_ptr(ptr)) return;
-  TORCH_INTERNAL_ASSERT(g_base_raw_deleter != nullptr, "CPU allocator has no raw deleter");
-  g_base_raw_deleter(ptr);
+  if (g_base_raw_deleter != nullptr) g_base_raw_deleter(ptr);
+  else std::free(ptr);
 }
 
 class RedirectCpuAllocator final : public c10::Allocator {
