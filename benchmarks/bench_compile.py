@@ -190,6 +190,13 @@ def main() -> int:
 
     rep = Report("bench_compile", args)
     rep.header("compiled over eager: backend='neuron' on neuron vs backend='inductor' on CPU (float32)")
+    print(
+        "   here: speedup = eager / compiled per round; RATIO .speedup = median over rounds of (our speedup /"
+    )
+    print(
+        "   Inductor-CPU's speedup in the same round); RATIO .compile_time = our compile s / Inductor-CPU's"
+    )
+    print()
 
     t_start = time.perf_counter()
     warm_imports()

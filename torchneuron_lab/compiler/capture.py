@@ -125,8 +125,10 @@ def _parse_break(msg: str) -> GraphBreak | None:
         elif s.startswith("Hint:"):
             hints.append(s[len("Hint:"):].strip())
     filename, line = m.group("file"), int(m.group("line"))
-    fn_m = re.search(r'File "[^"]+", line \d+, in (\w+)', msg)
-    function = fn_m.group(1) if fn_m else None
+    function = None
+    for fm in re.finditer(r'File "(?P<f>[^"]+)", line (?P<l>\d+), in (?P<fn>[\w<>]+)', msg):
+        if fm.group("f") == filename and int(fm.group("l")) == line:
+            function = fm.group("fn")  # the frame the break happened in (the innermost match wins)
     if function:
         rm = _RESUME.match(function)
         if rm:

@@ -1,0 +1,449 @@
+"""The work behind each magic: plain functions from the shell's state to a result object."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .results import (
+    GraphBreaksResult,
+    MemoryResult,
+    PlacementResult,
+    ProfileResult,
+    SubgraphsResult,
+    WatchLine,
+)
+
+__all__ = [
+    "Watch",
+    "graph_breaks",
+    "memory",
+    "placement",
+    "profile_cell",
+    "status_line",
+    "subgraphs",
+]
+
+LARGE_CPU_TENSOR = 1 << 20  # bytes: a CPU tensor this large next to a neuron model is flagged
+
+Mapper = Callable[[str, int], "str | None"]
+
+
+class LabInputError(ValueError):
+    """A user mistake in a magic's input; the magic turns it into a ``UsageError``."""
+
+
+# --------------------------------------------------------------------------- load
+
+
+def status_line() -> str:
+    """One line: devices, HBM per device, profile, torch version, build time on a cold start."""
+    import torch
+
+    from ..device import current_config
+    from ..device._backend import build_info, lib
+
+    lib()
+    cfg = current_config()
+    from .results import fmt_bytes
+
+    line = (f"torchneuron_lab: {cfg['num_devices']} neuron device(s) (emulated), "
+            f"{fmt_bytes(cfg['hbm_bytes'])} HBM each, profile {cfg['profile']}, torch {torch.__version__}")
+    info = build_info()
+    if info and not info.get("cached", True):
+        line += f", C++ core built in {float(str(info.get('seconds', 0.0))):.1f} s"
+    return line
+
+
+# --------------------------------------------------------------------------- placement
+
+
+def _dev(t: Any) -> str:
+    return str(t.device)
+
+
+def placement(ns: Mapping[str, Any], names: list[str] | None, show_all: bool) -> PlacementResult:
+    """Tensors, modules and optimizers of ``ns`` (or the named ones) with per-device totals."""
+    import torch
+
+    if names:
+        missing = [n for n in names if n not in ns]
+        if missing:
+            raise LabInputError(f"not defined in the namespace: {', '.join(missing)}")
+        items = [(n, ns[n]) for n in names]
+    else:
+        items = [(n, v) for n, v in ns.items() if not n.startswith("_")]
+    res = PlacementResult()
+    storages: dict[tuple[str, int], str] = {}  # (device, storage ptr) -> first name
+    totals: dict[str, int] = defaultdict(int)
+
+    def add_tensor(name: str, kind: str, t: torch.Tensor, listed: bool) -> None:
+        st = t.untyped_storage()
+        key = (_dev(t), st.data_ptr())
+        note = ""
+        if key in storages and st.nbytes():
+            owner = storages[key]
+            note = f"view of {owner}" if t._is_view() else f"shares storage with {owner}"
+        else:
+            storages[key] = name
+            totals[_dev(t)] += st.nbytes()
+            if t._is_view():
+                note = "view"
+        if listed:
+            res.rows.append({
+                "name": name, "kind": kind, "device": _dev(t), "dtype": str(t.dtype).removeprefix("torch."),
+                "shape": tuple(t.shape), "bytes": t.numel() * t.element_size(),
+                "requires_grad": bool(t.requires_grad), "storage": note,
+            })
+
+    neuron_models: list[str] = []
+    cpu_tensors: list[tuple[str, int]] = []
+    for name, v in items:
+        if isinstance(v, torch.nn.Module):
+            devices: set[str] = set()
+            size = 0
+            n_params = 0
+            for pname, prm in v.named_parameters():
+                devices.add(_dev(prm))
+                size += prm.numel() * prm.element_size()
+                n_params += 1
+                add_tensor(f"{name}.{pname}", "parameter", prm, show_all)
+            for bname, b in v.named_buffers():
+                devices.add(_dev(b))
+                size += b.numel() * b.element_size()
+                add_tensor(f"{name}.{bname}", "buffer", b, show_all)
+            res.rows.append({"name": name, "kind": "module", "device": ", ".join(sorted(devices)) or "-",
+                             "dtype": "", "shape": f"{n_params} params", "bytes": size,
+                             "requires_grad": any(p.requires_grad for p in v.parameters()), "storage": ""})
+            if len(devices) > 1:
+                res.warnings.append(f"module {name} is split across devices: {', '.join(sorted(devices))}")
+            if any(d.startswith("neuron") for d in devices):
+                neuron_models.append(name)
+        elif isinstance(v, torch.optim.Optimizer):
+            size = 0
+            bad: set[tuple[str, str]] = set()
+            index = {id(q): i for i, q in enumerate(q for g in v.param_groups for q in g["params"])}
+            for p, state in v.state.items():
+                for sname, st in state.items():
+                    if not isinstance(st, torch.Tensor):
+                        continue
+                    size += st.numel() * st.element_size()
+                    add_tensor(f"{name}.state[{index.get(id(p), '?')}].{sname}", "optimizer_state", st, show_all)
+                    if st.dim() > 0 and st.device != p.device:
+                        bad.add((_dev(st), _dev(p)))
+            res.rows.append({"name": name, "kind": "optimizer", "device": "", "dtype": "",
+                             "shape": f"{sum(len(g['params']) for g in v.param_groups)} params", "bytes": size,
+                             "requires_grad": False, "storage": ""})
+            for s_dev, p_dev in sorted(bad):
+                res.warnings.append(f"optimizer {name} keeps state on {s_dev} for parameters on {p_dev}")
+        elif isinstance(v, torch.Tensor):
+            add_tensor(name, "parameter" if isinstance(v, torch.nn.Parameter) else "tensor", v, True)
+            nbytes = v.numel() * v.element_size()
+            if v.device.type == "cpu" and nbytes >= LARGE_CPU_TENSOR:
+                cpu_tensors.append((name, nbytes))
+    if neuron_models:
+        from .results import fmt_bytes
+
+        for tname, nb in cpu_tensors:
+            res.warnings.append(f"large CPU tensor {tname} ({fmt_bytes(nb)}) next to neuron model(s) "
+                                f"{', '.join(neuron_models)}: move it with .to('neuron')?")
+    res.totals = dict(sorted(totals.items()))
+    return res
+
+
+# --------------------------------------------------------------------------- graph breaks
+
+
+def _assigned_names(body: list[ast.stmt]) -> list[str]:
+    names: list[str] = []
+    for node in body:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store) and sub.id not in names:
+                names.append(sub.id)
+            if isinstance(sub, (ast.FunctionDef, ast.ClassDef)) and sub in body and sub.name not in names:
+                names.append(sub.name)
+    return names
+
+
+def _as_function(code: str, first_line: int, filename: str, ns: dict[str, Any]) -> Callable[[], Any]:
+    """Compile ``code`` as the body of a function whose globals are ``ns`` (assignments stay global).
+
+    ``first_line`` is the cell line the code starts on, so that locations name the notebook line.
+    """
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as e:
+        raise LabInputError(f"cannot parse the statement: {e.msg} (line {e.lineno})") from None
+    if not tree.body:
+        raise LabInputError("nothing to compile: give a statement, e.g. %neuron_graph_breaks f(x)")
+    ast.increment_lineno(tree, first_line - 1)
+    body = list(tree.body)
+    last = body[-1]
+    if isinstance(last, ast.Expr):
+        body[-1] = ast.copy_location(ast.Return(value=last.value), last)
+    names = _assigned_names(body)
+    if names:
+        body.insert(0, ast.copy_location(ast.Global(names=names), body[0]))
+    fn = ast.FunctionDef(name="neuron_graph_breaks_statement", args=ast.arguments(
+        posonlyargs=[], args=[], vararg=None, kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[]),
+        body=body, decorator_list=[], returns=None)
+    ast.copy_location(fn, body[0])
+    module = ast.Module(body=[fn], type_ignores=[])
+    ast.fix_missing_locations(module)
+    scope: dict[str, Any] = {}
+    exec(compile(module, filename, "exec"), ns, scope)  # noqa: S102 - the user's own notebook code
+    func: Callable[[], Any] = scope["neuron_graph_breaks_statement"]
+    func.__qualname__ = code.strip().splitlines()[0][:60]
+    return func
+
+
+def graph_breaks(code: str, first_line: int, filename: str, ns: dict[str, Any]) -> GraphBreaksResult:
+    """Compile ``code`` with the neuron backend, run it once, and report graphs/breaks/recompiles."""
+    from ..compiler import explain
+
+    fn = _as_function(code, first_line, filename, ns)
+    report = explain(fn)
+    graphs = [{"id": g.id, "kind": g.kind, "name": g.name, "ops": g.num_ops, "kernels": len(g.kernels),
+               "fallbacks": list(g.fallbacks), "graph_key": g.graph_key} for g in report.graphs]
+    breaks = [{"reason": b.reason, "location": b.location, "explanation": b.explanation, "hints": list(b.hints),
+               "count": b.count, "function": b.function} for b in report.graph_breaks]
+    recompiles = [{"function": r.function, "location": r.location, "failures": list(r.failures)}
+                  for r in report.recompiles]
+    return GraphBreaksResult(code.strip(), graphs, breaks, recompiles, report.output)
+
+
+# --------------------------------------------------------------------------- subgraphs
+
+
+def subgraphs(graph_id: int | None, code: bool, kernels: bool, clear: bool) -> SubgraphsResult:
+    from ..compiler import registry
+
+    if clear:
+        return SubgraphsResult(cleared=registry.clear())
+    if graph_id is not None:
+        try:
+            rec = registry.get(graph_id)
+        except KeyError as e:
+            raise LabInputError(str(e.args[0])) from None
+        return SubgraphsResult(detail=rec.as_dict(), show_code=code, show_kernels=kernels)
+    rows = [{"id": r.id, "kind": r.kind, "name": r.name, "ops": r.num_ops, "kernels": len(r.kernels),
+             "calls": r.calls, "compile_ms": sum(v for v in r.compile_ms.values() if v is not None),
+             "fallbacks": list(r.fallbacks)} for r in registry.records()]
+    return SubgraphsResult(records=rows, show_code=code, show_kernels=kernels)
+
+
+# --------------------------------------------------------------------------- memory
+
+_INTERNAL = ("/torch/", "/torchneuron_lab/", "/IPython/", "/ipykernel/", "<frozen ")
+
+
+def _frame_location(frames: list[dict[str, Any]], mapper: Mapper | None) -> str:
+    """The innermost user frame (frames are innermost first), mapped to its notebook cell."""
+    for fr in frames:
+        fn = str(fr.get("filename", ""))
+        if any(tag in fn for tag in _INTERNAL):
+            continue
+        line = int(fr.get("line", 0))
+        mapped = mapper(fn, line) if mapper else None
+        return mapped or f"{fn}:{line}"
+    return "unknown (turn on %neuron_memory --history to record where allocations come from)"
+
+
+def memory(device: int | None, segments: bool, history: bool, reset_peak: bool, snapshot_file: str | None,
+           mapper: Mapper | None, top: int = 10) -> MemoryResult:
+
+    from ..device import memory as mem
+    from ..device._backend import lib
+
+    n = int(lib().device_count())
+    d = 0 if device is None else device
+    if not 0 <= d < n:
+        raise LabInputError(f"--device must be in [0, {n - 1}], got {d}")
+    notes: list[str] = []
+    if history and not _history_on():
+        mem._record_memory_history("all", context="all")
+        _HISTORY[0] = True
+        notes.append("allocator history recording is now on: allocations from here on carry their source line")
+    snap = mem._snapshot()
+    segs = [s for s in snap.get("segments", []) if s["device"] == d]
+    by_loc: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    free_total = 0
+    largest = 0
+    for s in segs:
+        for b in s["blocks"]:
+            if b["state"] == "active_allocated":
+                acc = by_loc[_frame_location(list(b.get("frames") or []), mapper)]  # type: ignore[arg-type]
+                acc[0] += 1
+                acc[1] += int(b["size"])
+            elif b["state"] == "inactive":
+                free_total += int(b["size"])
+                largest = max(largest, int(b["size"]))
+    top_rows = sorted(({"location": k, "count": v[0], "bytes": v[1]} for k, v in by_loc.items()),
+                      key=lambda r: (-int(str(r["bytes"])), str(r["location"])))[:top]
+    stats = dict(mem.memory_stats(d))
+    reserved = int(stats.get("reserved_bytes.all.current", 0))
+    allocated = int(stats.get("allocated_bytes.all.current", 0))
+    seg_rows = [{"address": s["address"], "total_size": s["total_size"], "allocated_size": s["allocated_size"],
+                 "segment_type": s["segment_type"],
+                 "blocks": [{"state": b["state"], "size": b["size"], "address": b["address"]} for b in s["blocks"]]}
+                for s in segs] if segments else []
+    hist: list[dict[str, Any]] = []
+    if history:
+        traces = snap.get("device_traces") or []
+        entries = traces[d] if d < len(traces) else []
+        for e in entries[-top:]:
+            hist.append({"action": e.get("action", ""), "size": int(e.get("size", 0)),
+                         "location": _frame_location(list(e.get("frames") or []), mapper)})  # type: ignore[arg-type]
+    if snapshot_file:
+        import pickle
+
+        with open(snapshot_file, "wb") as f:
+            pickle.dump(snap, f)
+        notes.append(f"snapshot written to {snapshot_file} (open it at https://pytorch.org/memory_viz)")
+    oom = lib().last_oom(d)
+    if oom is not None:
+        oom = dict(oom)
+        oom["frames"] = [{**fr, "location": _frame_location([fr], mapper)} for fr in oom.get("frames", [])
+                         if not any(tag in str(fr.get("filename", "")) for tag in _INTERNAL)]
+    if reset_peak:
+        mem.reset_peak_memory_stats(d)
+        notes.append(f"peak statistics of neuron:{d} reset (the figures above are from before)")
+    return MemoryResult(
+        device=d, stats=stats, capacity=int(lib().capacity(d)), top_allocations=top_rows, segments=seg_rows,
+        fragmentation=(reserved - allocated) / reserved if reserved else 0.0, largest_free_block=largest,
+        history=hist, last_oom=oom, notes=notes,
+    )
+
+
+_HISTORY = [False]
+
+
+def _history_on() -> bool:
+    return _HISTORY[0]
+
+
+# --------------------------------------------------------------------------- profile
+
+
+def _memory_now() -> dict[int, tuple[int, int]]:
+    from ..device import memory as mem
+    from ..device._backend import lib
+
+    if not lib().runtime_started():
+        return {}
+    return {d: (int(mem.memory_allocated(d)), int(mem.max_memory_allocated(d)))
+            for d in range(int(lib().device_count()))}
+
+
+def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bool, top: int,
+                 ) -> tuple[ProfileResult, Any, BaseException | None]:
+    """Run ``run()`` with the recorder on (stacks included); the recorder is stopped even if it raises.
+
+    Returns ``(result, value of the cell's last expression, exception or None)``: the cell's exception
+    is not raised here; it is described in ``result.error``.
+    """
+
+    from ..compiler import capture, registry
+    from ..device import recorder
+    from ..tracing import summarize
+
+    if memory_peak:
+        from ..device import memory as mem
+        from ..device._backend import lib
+
+        for d in range(int(lib().device_count())):
+            mem.reset_peak_memory_stats(d)
+    before = _memory_now()
+    n_graphs = len(registry.records())
+    n_breaks = len(capture.graph_breaks())
+    recorder.clear()
+    recorder.start(record_shapes=record_shapes, with_stack=True)
+    error: BaseException | None = None
+    value = None
+    try:
+        value = run()
+    except BaseException as e:  # noqa: BLE001 - the caller shows it, after the lab state is consistent
+        error = e
+    finally:
+        recorder.stop()
+        trace = recorder.read()
+        recorder.clear()
+    after = _memory_now()
+    memory = {d: {"before": before.get(d, (0, 0))[0], "after": a, "peak": p} for d, (a, p) in after.items()
+           if a or p or before.get(d, (0, 0))[0]}
+    res = ProfileResult(
+        trace=trace, summary=summarize(trace.events, k=None), top=top, memory=memory,
+        new_subgraphs=[r.id for r in registry.records()[n_graphs:]],
+        graph_breaks=[{"location": b.location, "reason": b.reason} for b in capture.graph_breaks()[n_breaks:]],
+        error=None if error is None else f"{type(error).__name__}: {error}",
+    )
+    return res, value, error
+
+
+# --------------------------------------------------------------------------- watch
+
+
+class Watch:
+    """Ambient mode: records each cell (no stacks) and prints one line when the cell did something."""
+
+    def __init__(self, shell: Any) -> None:
+        self.shell = shell
+        self.active = False
+        self._owns_recorder = False
+        self._sig_mark: dict[int, int] = {}
+        self._breaks = 0
+        self._mem: dict[int, tuple[int, int]] = {}
+        self.last: WatchLine | None = None
+
+    def pre_run_cell(self, info: Any = None) -> None:
+        from ..compiler import capture, signatures
+        from ..device import recorder
+
+        self._sig_mark = signatures.mark()
+        self._breaks = sum(b.count for b in capture.graph_breaks())
+        self._mem = _memory_now()
+        if self._owns_recorder:  # still ours (turned on by %neuron_watch earlier in this cell)
+            recorder.clear()
+            return
+        self._owns_recorder = not recorder.is_recording()
+        if self._owns_recorder:
+            recorder.clear()
+            recorder.start(record_shapes=False, with_stack=False)
+
+    def post_run_cell(self, result: Any = None) -> None:
+        line = self.collect(getattr(result, "execution_count", None))
+        if line.eventful:
+            print(line)
+
+    def release(self) -> None:
+        """Stop the recording this watch started (when it is turned off mid-cell)."""
+        from ..device import recorder
+
+        if self._owns_recorder:
+            recorder.stop()
+            recorder.clear()
+            self._owns_recorder = False
+
+    def collect(self, cell: int | None) -> WatchLine:
+        from ..compiler import capture, signatures
+        from ..device import recorder
+
+        counts = {"kernel": 0, "dma": 0, "sync": 0}
+        if self._owns_recorder:
+            recorder.stop()
+            for e in recorder.read().events:
+                if e.kind in counts:
+                    counts[e.kind] += 1
+            recorder.clear()
+            self._owns_recorder = False
+        new = sum(len(v) for v in signatures.new_since(self._sig_mark).values())
+        breaks = sum(b.count for b in capture.graph_breaks()) - self._breaks
+        mem = _memory_now()
+        changed = any(mem.get(d) != self._mem.get(d) for d in set(mem) | set(self._mem))
+        shown = {d: v for d, v in mem.items() if v != (0, 0)}
+        self.last = WatchLine(cell=cell, kernels=counts["kernel"], transfers=counts["dma"], syncs=counts["sync"],
+                              new_signatures=new, graph_breaks=max(breaks, 0), memory=shown,
+                              memory_changed=changed)
+        return self.last

@@ -1,0 +1,272 @@
+"""The IPython magics. Each body parses its arguments, calls one helper, and displays the result."""
+
+from __future__ import annotations
+
+import ast
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import helpers
+from .cells import CellMapper
+
+__all__ = ["NeuronMagics"]
+
+
+def _parse(magic: Callable[..., Any], line: str) -> Any:
+    """``parse_argstring`` whose ``UsageError`` carries the magic's usage line."""
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as e:
+        raise UsageError(f"{e}\n{magic.parser.format_usage()}") from None  # type: ignore[attr-defined]
+
+
+def _usage(magic: Callable[..., Any], message: str) -> UsageError:
+    return UsageError(f"{message}\n{magic.parser.format_usage()}")  # type: ignore[attr-defined]
+
+
+def _show(result: Any, args: Any) -> Any:
+    """Display unless ``-q``; return the result object with ``-o`` (like ``%timeit``)."""
+    if not args.quiet:
+        from IPython.display import display
+
+        display(result)
+    return result if args.output else None
+
+
+_common = [argument("-q", "--quiet", action="store_true", help="do not display the result"),
+           argument("-o", "--output", action="store_true", help="return the result object")]
+
+
+def _with_common(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for deco in reversed(_common):
+        fn = deco(fn)
+    return fn
+
+
+@magics_class
+class NeuronMagics(Magics):
+    """``%neuron_placement``, ``%neuron_graph_breaks``, ``%neuron_subgraphs``, ``%neuron_memory``,
+    ``%%neuron_profile`` and ``%neuron_watch``."""
+
+    shell: Any
+
+    def __init__(self, shell: Any, mapper: CellMapper, watch: helpers.Watch) -> None:
+        super().__init__(shell)
+        self.mapper = mapper
+        self.watch = watch
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _cell_filename(self, text: str) -> str:
+        """Register ``text`` with IPython's compiler under the running cell's number; its filename."""
+        name: str = self.shell.compile.cache(text, self.shell.execution_count, raw_code=text)
+        return name
+
+    def _magic_line(self, needle: str) -> int:
+        """The line of the running cell that holds ``needle`` (1 when not found)."""
+        raw = getattr(self.shell.history_manager, "input_hist_raw", None) or [""]
+        for i, ln in enumerate(str(raw[-1]).splitlines(), 1):
+            if needle in ln:
+                return i
+        return 1
+
+    # -- %neuron_placement -----------------------------------------------------------------------
+    @magic_arguments()
+    @argument("names", nargs="*", help="variables to show (default: the whole namespace)")
+    @argument("-a", "--all", action="store_true",
+              help="also list every parameter, buffer and optimizer state tensor")
+    @_with_common
+    @line_magic
+    def neuron_placement(self, line: str = "") -> Any:
+        """Where every tensor, parameter, buffer, module and optimizer state lives, with per-device totals.
+
+        Flags modules split across devices, optimizer state on another device than its parameters, and
+        large CPU tensors next to neuron models.
+        """
+        args = _parse(self.neuron_placement, line)
+        try:
+            res = helpers.placement(self.shell.user_ns, args.names, args.all)
+        except helpers.LabInputError as e:
+            raise _usage(self.neuron_placement, str(e)) from None
+        return _show(res, args)
+
+    # -- %neuron_graph_breaks ---------------------------------------------------------------------
+    @magic_arguments()
+    @argument("statement", nargs="*", help="code to compile and run (line form); the cell body otherwise")
+    @_with_common
+    @line_cell_magic
+    def neuron_graph_breaks(self, line: str = "", cell: str | None = None) -> Any:
+        """Compile the code's functions with ``torch.compile(backend="neuron")``, run it once, and
+        report graphs, graph breaks (reason, hint, cell/line), recompiles and ops per graph.
+
+            %neuron_graph_breaks train_step(x)
+            %%neuron_graph_breaks
+            y = model(x)
+        """
+        flags, statement = _split_flags(line)
+        args = _parse(self.neuron_graph_breaks, " ".join(flags))
+        if cell is not None:
+            if statement.strip():
+                raise _usage(self.neuron_graph_breaks, "the cell form takes no statement on the magic line")
+            code, first = self.shell.transform_cell(cell), 2
+            text = f"%%neuron_graph_breaks {line}\n{cell}"
+        else:
+            if not statement.strip():
+                raise _usage(self.neuron_graph_breaks, "give a statement, e.g. %neuron_graph_breaks f(x)")
+            code, first = statement, self._magic_line(statement.strip())
+            text = "\n" * (first - 1) + statement
+        filename = self._cell_filename(text)
+        try:
+            res = helpers.graph_breaks(code, first, filename, self.shell.user_ns)
+        except helpers.LabInputError as e:
+            raise _usage(self.neuron_graph_breaks, str(e)) from None
+        return _show(res, args)
+
+    # -- %neuron_subgraphs -------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("id", nargs="?", type=int, help="one graph's id (see the list)")
+    @argument("--code", action="store_true", help="show the graph's FX code")
+    @argument("--kernels", action="store_true", help="list the graph's kernels")
+    @argument("--clear", action="store_true", help="forget every record (compiled code keeps running)")
+    @_with_common
+    @line_magic
+    def neuron_subgraphs(self, line: str = "") -> Any:
+        """The JIT's subgraph registry: every compiled graph, or one graph's FX code, guards, kernels,
+        compile-time split, calls and fallbacks."""
+        args = _parse(self.neuron_subgraphs, line)
+        try:
+            res = helpers.subgraphs(args.id, args.code, args.kernels, args.clear)
+        except helpers.LabInputError as e:
+            raise _usage(self.neuron_subgraphs, str(e)) from None
+        return _show(res, args)
+
+    # -- %neuron_memory -----------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("-d", "--device", type=int, default=None, help="device index (default 0)")
+    @argument("--segments", action="store_true", help="show the segment/block map")
+    @argument("--history", action="store_true",
+              help="show recent allocator events (turns history recording on if it is off)")
+    @argument("--reset-peak", action="store_true", help="reset the peak statistics afterwards")
+    @argument("--snapshot", metavar="FILE", default=None,
+              help="write the allocator snapshot (pickle, for pytorch.org/memory_viz) to FILE")
+    @_with_common
+    @line_magic
+    def neuron_memory(self, line: str = "") -> Any:
+        """Allocator state: stats, top live allocations by source line, segments, fragmentation, and
+        after an out-of-memory error the state at that moment and why it failed."""
+        args = _parse(self.neuron_memory, line)
+        try:
+            res = helpers.memory(args.device, args.segments, args.history, args.reset_peak, args.snapshot,
+                                 self.mapper)
+        except helpers.LabInputError as e:
+            raise _usage(self.neuron_memory, str(e)) from None
+        except OSError as e:
+            raise _usage(self.neuron_memory, f"cannot write the snapshot: {e}") from None
+        return _show(res, args)
+
+    # -- %%neuron_profile ---------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("--compile", action="store_true", help="also list compile events (graphs, graph breaks)")
+    @argument("--memory", action="store_true", help="reset peak memory first, so the peak is the cell's")
+    @argument("--record-shapes", action="store_true", help="record input shapes and dtypes of each kernel")
+    @argument("-k", "--top", type=int, default=10, help="kernels to list (default 10)")
+    @argument("-T", "--export", metavar="FILE", default=None, help="write the events as Chrome trace JSON")
+    @_with_common
+    @cell_magic
+    def neuron_profile(self, line: str = "", cell: str = "") -> Any:
+        """Run the cell with the device recorder on; show time by engine, top kernels, host syncs and
+        transfers with their cell lines, new op signatures and memory. The result is stored as
+        ``_neuron_profile`` (events as plain data: ``.to_dataframe()``, ``.to_chrome_trace()``)."""
+        args = _parse(self.neuron_profile, line)
+        if args.top < 0:
+            raise _usage(self.neuron_profile, f"--top must be >= 0, got {args.top}")
+        filename = self._cell_filename(f"%%neuron_profile {line}\n{cell}")
+        try:
+            tree = self.shell.compile.ast_parse("\n" + self.shell.transform_cell(cell), filename=filename)
+        except SyntaxError:
+            self.shell.showsyntaxerror()
+            return None
+        res, value, error = helpers.profile_cell(_runner(self.shell, tree, filename), record_shapes=args.record_shapes,
+                                          memory_peak=args.memory, top=args.top)
+        if not args.compile:
+            res.new_subgraphs, res.graph_breaks = [], []
+        self.shell.user_ns["_neuron_profile"] = res
+        if args.export:
+            try:
+                res.export(args.export)
+            except (OSError, ValueError) as e:
+                raise _usage(self.neuron_profile, f"cannot export to {args.export!r}: {e}") from None
+        if error is not None:  # the user's own exception, shown as usual (without the lab's frames)
+            self.shell.showtraceback((type(error), error, error.__traceback__), tb_offset=2)
+        elif value is not None:
+            from IPython.display import display
+
+            display(value)
+        return _show(res, args)
+
+    # -- %neuron_watch ------------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("state", nargs="?", choices=("on", "off"), help="turn ambient mode on or off")
+    @line_magic
+    def neuron_watch(self, line: str = "") -> None:
+        """Ambient mode: after every cell, one line with kernels run, new signatures, host syncs, graph
+        breaks and memory per device, only when the cell did something."""
+        args = _parse(self.neuron_watch, line)
+        if args.state is None:
+            print(f"neuron_watch is {'on' if self.watch.active else 'off'}")
+            return
+        set_watch(self.shell, self.watch, args.state == "on")
+        print(f"neuron_watch {args.state}")
+
+
+def _split_flags(line: str) -> tuple[list[str], str]:
+    """Leading ``-q``/``-o`` flags, and the rest of the line verbatim."""
+    flags: list[str] = []
+    rest = line.lstrip()
+    while rest.startswith("-"):
+        tok = rest.split(None, 1)[0]
+        if tok not in ("-q", "-o", "--quiet", "--output", "-qo", "-oq"):
+            break
+        flags.append(tok)
+        rest = rest[len(tok):].lstrip()
+    if rest and not flags and rest.startswith("-"):
+        raise UsageError(f"unknown option in {shlex.quote(line)}")
+    return flags, rest
+
+
+def _runner(shell: Any, tree: ast.Module, filename: str) -> Callable[[], Any]:
+    """Run the cell's statements in the user namespace; returns the value of a last expression."""
+
+    def run() -> Any:
+        body = list(tree.body)
+        last = body.pop() if body and isinstance(body[-1], ast.Expr) else None
+        assert last is None or isinstance(last, ast.Expr)
+        if body:
+            code = compile(ast.Module(body=body, type_ignores=[]), filename, "exec")
+            exec(code, shell.user_ns)  # noqa: S102 - the user's own cell
+        if last is not None:
+            return eval(compile(ast.Expression(last.value), filename, "eval"), shell.user_ns)
+        return None
+
+    return run
+
+
+def set_watch(shell: Any, watch: helpers.Watch, on: bool) -> None:
+    """Register or remove the ambient-mode hooks (idempotent)."""
+    if on and not watch.active:
+        shell.events.register("pre_run_cell", watch.pre_run_cell)
+        shell.events.register("post_run_cell", watch.post_run_cell)
+        watch.active = True
+        watch.pre_run_cell(None)  # count from now: the rest of this cell is watched too
+    elif not on and watch.active:
+        for name, cb in (("pre_run_cell", watch.pre_run_cell), ("post_run_cell", watch.post_run_cell)):
+            try:
+                shell.events.unregister(name, cb)
+            except ValueError:
+                pass
+        watch.active = False
+        watch.release()

@@ -1,0 +1,562 @@
+"""Result objects the magics return (``-o``) and display: plain data, ``__str__`` and ``_repr_html_``.
+
+Each object holds what it shows as plain data (lists of dicts, ints, strings) so that a notebook can
+compute with it; the two renderings are built from that data only.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "GraphBreaksResult",
+    "MemoryResult",
+    "PlacementResult",
+    "ProfileResult",
+    "SubgraphsResult",
+    "WatchLine",
+    "fmt_bytes",
+    "fmt_ns",
+]
+
+
+# --------------------------------------------------------------------------- formatting helpers
+
+
+def fmt_bytes(n: float | None) -> str:
+    """``1536 -> '1.50 KiB'`` (exact bytes below 1 KiB)."""
+    if n is None:
+        return "-"
+    n = int(n)
+    if abs(n) < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if abs(value) < 1024:
+            return f"{value:.2f} {unit}"
+    return f"{value:.2f} PiB"
+
+
+def fmt_ns(ns: float | None) -> str:
+    if ns is None:
+        return "-"
+    if ns < 10:
+        return f"{ns:.2f} ns"
+    if ns < 1_000:
+        return f"{ns:.0f} ns"
+    if ns < 1_000_000:
+        return f"{ns / 1e3:.1f} us"
+    if ns < 1_000_000_000:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e9:.3f} s"
+
+
+def _text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], indent: str = "  ") -> list[str]:
+    cells = [[str(c) for c in r] for r in rows]
+    widths = [len(h) for h in headers]
+    for r in cells:
+        for i, c in enumerate(r):
+            widths[i] = max(widths[i], len(c))
+    out = [indent + "  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    out.append(indent + "  ".join("-" * w for w in widths))
+    out += [indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    return out
+
+
+def _html_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    head = "".join(f"<th style='text-align:left'>{html.escape(str(h))}</th>" for h in headers)
+    body = "".join(
+        "<tr>" + "".join(f"<td style='text-align:left'>{html.escape(str(c))}</td>" for c in r) + "</tr>"
+        for r in rows
+    )
+    return f"<table class='torchneuron-lab'><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _html_section(title: str, inner: str) -> str:
+    return f"<h4 style='margin:0.4em 0'>{html.escape(title)}</h4>{inner}"
+
+
+def _html_list(items: Iterable[str], css: str = "") -> str:
+    lis = "".join(f"<li>{html.escape(i)}</li>" for i in items)
+    return f"<ul style='{css}'>{lis}</ul>" if lis else ""
+
+
+def _pre(text: str) -> str:
+    return f"<pre>{html.escape(text)}</pre>"
+
+
+class _Rich:
+    """``text/plain`` is ``__str__`` (IPython's pretty printer), ``text/html`` is ``_repr_html_``."""
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(str(self))
+
+
+# --------------------------------------------------------------------------- %neuron_placement
+
+
+@dataclass(repr=False)
+class PlacementResult(_Rich):
+    """Where the notebook's tensors, modules and optimizer states live.
+
+    Attributes:
+        rows: one dict per entry: ``name``, ``kind`` (tensor/parameter/buffer/module/optimizer/
+            optimizer_state), ``device``, ``dtype``, ``shape``, ``bytes`` (the tensor's own bytes),
+            ``requires_grad``, ``storage`` (``'view of x'``, ``'shares storage with x'`` or ``''``).
+        totals: device -> bytes of distinct storages there (views and shared storage counted once).
+        warnings: flagged problems, one sentence each.
+    """
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    totals: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    _HEAD = ("name", "kind", "device", "dtype", "shape", "bytes", "grad", "storage")
+
+    def _cells(self) -> list[list[Any]]:
+        return [
+            [r["name"], r["kind"], r["device"], r["dtype"], r["shape"], fmt_bytes(r["bytes"]),
+             "yes" if r["requires_grad"] else "", r["storage"]]
+            for r in self.rows
+        ]
+
+    def total(self, device: str) -> int:
+        """Bytes on ``device`` (e.g. ``'neuron:0'``, ``'cpu'``); 0 when nothing is there."""
+        return self.totals.get(device, 0)
+
+    def __str__(self) -> str:
+        if not self.rows:
+            return "neuron_placement: no tensors, modules or optimizers in the namespace"
+        lines = ["neuron_placement:", *_text_table(self._HEAD, self._cells())]
+        lines.append("  totals: " + ", ".join(f"{d} {fmt_bytes(b)}" for d, b in self.totals.items()))
+        lines += [f"  ! {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        if not self.rows:
+            return "<p>neuron_placement: no tensors, modules or optimizers in the namespace</p>"
+        totals = _html_table(("device", "bytes"), [(d, fmt_bytes(b)) for d, b in self.totals.items()])
+        warn = _html_list(self.warnings, "color:#b35900")
+        return _html_table(self._HEAD, self._cells()) + _html_section("Per-device totals", totals) + warn
+
+
+# --------------------------------------------------------------------------- %neuron_graph_breaks
+
+
+@dataclass(repr=False)
+class GraphBreaksResult(_Rich):
+    """What compiling a statement with the neuron backend produced.
+
+    Attributes:
+        statement: the code compiled.
+        graphs: one dict per compiled graph: ``id``, ``kind``, ``name``, ``ops``, ``kernels``, ``fallbacks``.
+        breaks: one dict per graph break: ``reason``, ``location`` ('cell [n], line k'), ``explanation``,
+            ``hints``, ``count``, ``function``.
+        recompiles: one dict per recompile: ``function``, ``location``, ``failures``.
+        output: the statement's value.
+    """
+
+    statement: str
+    graphs: list[dict[str, Any]] = field(default_factory=list)
+    breaks: list[dict[str, Any]] = field(default_factory=list)
+    recompiles: list[dict[str, Any]] = field(default_factory=list)
+    output: Any = None
+
+    @property
+    def graph_count(self) -> int:
+        return len({g["graph_key"] for g in self.graphs})
+
+    @property
+    def break_count(self) -> int:
+        return sum(b["count"] for b in self.breaks)
+
+    def ops_per_graph(self) -> dict[int, int]:
+        return {g["id"]: g["ops"] for g in self.graphs}
+
+    def _headline(self) -> str:
+        return (f"neuron_graph_breaks: {self.graph_count} graph(s), {self.break_count} graph break(s), "
+                f"{len(self.recompiles)} recompile(s)")
+
+    def __str__(self) -> str:
+        lines = [self._headline()]
+        for g in self.graphs:
+            fb = f", fallbacks: {', '.join(g['fallbacks'])}" if g["fallbacks"] else ""
+            lines.append(f"  graph #{g['id']} [{g['kind']}] {g['name']}: {g['ops']} ops, {g['kernels']} kernels{fb}")
+        for b in self.breaks:
+            times = f" (x{b['count']})" if b["count"] > 1 else ""
+            lines.append(f"  break at {b['location']}: {b['reason']}{times}")
+            for h in b["hints"][:2]:
+                lines.append(f"    hint: {h}")
+        for r in self.recompiles:
+            lines.append(f"  recompile of {r['function']} at {r['location']}: {'; '.join(r['failures'])}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p><b>{html.escape(self._headline())}</b></p>"]
+        if self.graphs:
+            parts.append(_html_section("Graphs", _html_table(
+                ("id", "kind", "name", "ops", "kernels", "fallbacks"),
+                [(g["id"], g["kind"], g["name"], g["ops"], g["kernels"], ", ".join(g["fallbacks"]))
+                 for g in self.graphs])))
+        if self.breaks:
+            parts.append(_html_section("Graph breaks", _html_table(
+                ("location", "reason", "count", "hint"),
+                [(b["location"], b["reason"], b["count"], b["hints"][0] if b["hints"] else "")
+                 for b in self.breaks])))
+        if self.recompiles:
+            parts.append(_html_section("Recompiles", _html_table(
+                ("function", "location", "failed guards"),
+                [(r["function"], r["location"], "; ".join(r["failures"])) for r in self.recompiles])))
+        return "".join(parts)
+
+
+# --------------------------------------------------------------------------- %neuron_subgraphs
+
+
+@dataclass(repr=False)
+class SubgraphsResult(_Rich):
+    """The subgraph registry: every record (``records``), or one record in detail (``detail``).
+
+    Attributes:
+        records: summary dicts: ``id``, ``kind``, ``name``, ``ops``, ``kernels``, ``calls``,
+            ``compile_ms`` (total), ``fallbacks``.
+        detail: for one graph, the registry record as a dict (``SubgraphRecord.as_dict()``).
+        show_code, show_kernels: whether the renderings include FX code / the kernel list.
+        cleared: records removed by ``--clear`` (None when not cleared).
+    """
+
+    records: list[dict[str, Any]] = field(default_factory=list)
+    detail: dict[str, Any] | None = None
+    show_code: bool = False
+    show_kernels: bool = False
+    cleared: int | None = None
+
+    _HEAD = ("id", "kind", "name", "ops", "kernels", "calls", "compile", "fallbacks")
+
+    def _cells(self) -> list[list[Any]]:
+        return [[r["id"], r["kind"], r["name"], r["ops"], r["kernels"], r["calls"],
+                 f"{r['compile_ms']:.1f} ms", ", ".join(r["fallbacks"])] for r in self.records]
+
+    def _detail_lines(self) -> list[str]:
+        d = self.detail or {}
+        ms = ", ".join(f"{k} {v:.1f} ms" for k, v in d.get("compile_ms", {}).items() if v is not None)
+        lines = [
+            f"graph #{d['id']} [{d['kind']}] {d['name']}",
+            (f"  compile id {d['compile_id']}, device neuron:{d['device']}, calls {d['calls']}, "
+            f"cache hits {d['cache_hits']}"),
+            f"  compile time: {ms or '-'}",
+            "  inputs: " + "; ".join(
+                f"{i.get('dtype', '')}{list(i['shape']) if 'shape' in i else i}" for i in d.get("inputs", [])),
+            "  ops: " + ", ".join(f"{k} x{v}" for k, v in d.get("op_counts", {}).items()),
+        ]
+        if d.get("fallbacks"):
+            lines.append("  fallbacks: " + ", ".join(d["fallbacks"]))
+        if d.get("guards"):
+            lines.append("  guards:")
+            lines += [f"    {g}" for g in d["guards"]]
+        if self.show_kernels:
+            lines.append("  kernels:")
+            lines += [f"    {k['name']} [{k.get('kind', '')}]: {', '.join(k.get('aten_ops', []))}"
+                      for k in d.get("kernels", [])]
+        if self.show_code:
+            lines.append("  FX code:")
+            lines += ["    " + ln for ln in d.get("fx_code", "").splitlines()]
+        return lines
+
+    def __str__(self) -> str:
+        if self.detail is not None:
+            return "\n".join(self._detail_lines())
+        head = "neuron_subgraphs: " + (f"cleared {self.cleared} record(s)" if self.cleared is not None
+                                       else f"{len(self.records)} compiled graph(s)")
+        if not self.records:
+            return head
+        return "\n".join([head, *_text_table(self._HEAD, self._cells())])
+
+    def _repr_html_(self) -> str:
+        if self.detail is not None:
+            return _pre("\n".join(self._detail_lines()))
+        head = (f"cleared {self.cleared} record(s)" if self.cleared is not None
+                else f"{len(self.records)} compiled graph(s)")
+        table = _html_table(self._HEAD, self._cells()) if self.records else ""
+        return f"<p><b>neuron_subgraphs</b>: {html.escape(head)}</p>{table}"
+
+
+# --------------------------------------------------------------------------- %neuron_memory
+
+
+@dataclass(repr=False)
+class MemoryResult(_Rich):
+    """Allocator state of one device.
+
+    Attributes:
+        device: device index.
+        stats: ``torch.neuron.memory_stats(device)`` (flat, torch.cuda-named keys).
+        capacity: HBM bytes of the device.
+        top_allocations: live allocations grouped by the source line that made them:
+            ``location``, ``count``, ``bytes`` (largest first; location 'unknown' without history).
+        segments: ``[{"address", "total_size", "allocated_size", "segment_type", "blocks": [...]}]``
+            when ``--segments`` was given, else [].
+        fragmentation: share of reserved bytes not allocated (0.0 when nothing is reserved).
+        largest_free_block: largest inactive block in a reserved segment.
+        history: last allocator trace entries (``--history``), else [].
+        last_oom: the state at the moment of the last out-of-memory error on this device, or None.
+        notes: what was done on request (peak reset, snapshot written).
+    """
+
+    device: int
+    stats: dict[str, Any]
+    capacity: int
+    top_allocations: list[dict[str, Any]] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    fragmentation: float = 0.0
+    largest_free_block: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    last_oom: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def stat(self, key: str) -> int:
+        return int(self.stats.get(key, 0))
+
+    @property
+    def allocated(self) -> int:
+        return self.stat("allocated_bytes.all.current")
+
+    @property
+    def reserved(self) -> int:
+        return self.stat("reserved_bytes.all.current")
+
+    def _stat_rows(self) -> list[list[str]]:
+        rows = []
+        for key, label in (("allocated_bytes", "allocated"), ("reserved_bytes", "reserved"),
+                           ("active_bytes", "active"), ("requested_bytes", "requested")):
+            rows.append([label, fmt_bytes(self.stat(f"{key}.all.current")), fmt_bytes(self.stat(f"{key}.all.peak"))])
+        rows.append(["allocations", str(self.stat("allocation.all.current")), str(self.stat("allocation.all.peak"))])
+        rows.append(["segments", str(self.stat("segment.all.current")), str(self.stat("segment.all.peak"))])
+        return rows
+
+    def _oom_lines(self) -> list[str]:
+        o = self.last_oom
+        if o is None:
+            return []
+        if o["requested"] > o["capacity"]:
+            why = "the request is larger than the device's whole capacity"
+        elif o["capacity"] - o["allocated"] >= o["requested"]:
+            why = "enough bytes were free in total, but not in one piece (fragmentation)"
+        else:
+            why = "the device was full"
+        lines = [
+            (f"last OOM on neuron:{self.device}: requested {fmt_bytes(o['requested'])} with "
+            f"{fmt_bytes(o['allocated'])} allocated, {fmt_bytes(o['reserved'])} reserved of "
+            f"{fmt_bytes(o['capacity'])}; largest cached free block {fmt_bytes(o['largest_free_block'])} "
+            f"-> {why}"),
+        ]
+        for fr in o.get("frames", [])[:3]:
+            lines.append(f"    at {fr.get('location') or fr.get('filename')}:{fr.get('line', '')}")
+        return lines
+
+    def _headline(self) -> str:
+        return (f"neuron_memory neuron:{self.device}: {fmt_bytes(self.allocated)} allocated, "
+                f"{fmt_bytes(self.reserved)} reserved of {fmt_bytes(self.capacity)}; "
+                f"fragmentation {self.fragmentation:.0%}, largest free block {fmt_bytes(self.largest_free_block)}, "
+                f"OOMs {self.stat('num_ooms')}")
+
+    def __str__(self) -> str:
+        lines = [self._headline(), *_text_table(("stat", "current", "peak"), self._stat_rows())]
+        if self.top_allocations:
+            lines.append("  top live allocations:")
+            lines += _text_table(("location", "count", "bytes"),
+                                 [(a["location"], a["count"], fmt_bytes(a["bytes"])) for a in self.top_allocations],
+                                 indent="    ")
+        for s in self.segments:
+            blocks = " ".join(f"[{b['state'][0]}{fmt_bytes(b['size'])}]" for b in s["blocks"])
+            lines.append(f"  segment {s['address']:#x} {s['segment_type']} {fmt_bytes(s['total_size'])}: {blocks}")
+        for h in self.history:
+            lines.append(f"  {h['action']:<14} {fmt_bytes(h.get('size', 0)):>10}  {h.get('location', '')}")
+        lines += ["  " + ln for ln in self._oom_lines()]
+        lines += [f"  {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p><b>{html.escape(self._headline())}</b></p>",
+                 _html_table(("stat", "current", "peak"), self._stat_rows())]
+        if self.top_allocations:
+            parts.append(_html_section("Top live allocations", _html_table(
+                ("location", "count", "bytes"),
+                [(a["location"], a["count"], fmt_bytes(a["bytes"])) for a in self.top_allocations])))
+        if self.segments:
+            parts.append(_html_section("Segments", _html_table(
+                ("address", "pool", "size", "allocated", "blocks"),
+                [(f"{s['address']:#x}", s["segment_type"], fmt_bytes(s["total_size"]),
+                  fmt_bytes(s["allocated_size"]),
+                  " ".join(f"{b['state']}:{fmt_bytes(b['size'])}" for b in s["blocks"])) for s in self.segments])))
+        if self.history:
+            parts.append(_html_section("Recent allocator events", _html_table(
+                ("action", "size", "location"),
+                [(h["action"], fmt_bytes(h.get("size", 0)), h.get("location", "")) for h in self.history])))
+        oom = self._oom_lines()
+        if oom:
+            parts.append(f"<p style='color:#b00'>{html.escape(oom[0])}</p>")
+        parts.append(_html_list(self.notes))
+        return "".join(parts)
+
+
+# --------------------------------------------------------------------------- %%neuron_profile
+
+
+@dataclass(repr=False)
+class ProfileResult(_Rich):
+    """What one ``%%neuron_profile`` cell did on the device.
+
+    Attributes:
+        trace: the recorded :class:`~torchneuron_lab.tracing.Trace` (plain events).
+        summary: :func:`torchneuron_lab.tracing.summarize` of the events.
+        top: how many kernels the renderings list.
+        memory: per device ``{"before", "after", "peak"}`` allocated bytes (peak since the cell started
+            with ``--memory``, else since the last peak reset).
+        new_subgraphs: ids of graphs compiled during the cell.
+        graph_breaks: graph breaks recorded during the cell (dicts).
+        error: the cell's exception as ``'TypeError: ...'``, or None.
+        exported: path of the Chrome trace written with ``--export``, or None.
+    """
+
+    trace: Any
+    summary: dict[str, Any]
+    top: int = 10
+    memory: dict[int, dict[str, int]] = field(default_factory=dict)
+    new_subgraphs: list[int] = field(default_factory=list)
+    graph_breaks: list[dict[str, Any]] = field(default_factory=list)
+    error: str | None = None
+    exported: str | None = None
+
+    @property
+    def events(self) -> list[Any]:
+        return list(self.trace.events)
+
+    def count(self, kind: str = "kernel") -> int:
+        return sum(1 for e in self.trace.events if e.kind == kind)
+
+    def to_dataframe(self) -> Any:
+        return self.trace.to_dataframe()
+
+    def to_chrome_trace(self) -> dict[str, Any]:
+        result: dict[str, Any] = self.trace.to_chrome_trace()
+        return result
+
+    def export(self, path: str) -> str:
+        """Write the events as Chrome-trace JSON (Perfetto / chrome://tracing); returns the path."""
+        from ..tracing import write_chrome_trace
+
+        self.exported = str(write_chrome_trace(path, self.trace, {"cell_error": self.error}))
+        return self.exported
+
+    def _headline(self) -> str:
+        s = self.summary
+        state = f" (cell raised {self.error})" if self.error else ""
+        return (f"neuron_profile: {self.count('kernel')} kernels, {self.count('dma')} transfers, "
+                f"{self.count('sync')} host syncs, {len(s['new_signatures'])} new signatures, "
+                f"span {fmt_ns(s['span_ns'])}{state}")
+
+    def _engine_rows(self) -> list[list[Any]]:
+        return [[eng, v["count"], fmt_ns(v["total_ns"]), f"{v['share']:.0%}"]
+                for eng, v in self.summary["time_by_engine"].items()]
+
+    def _top_rows(self) -> list[list[Any]]:
+        return [[r["name"], r["engine"], r["count"], fmt_ns(r["total_ns"]), f"{r['share']:.0%}",
+                 fmt_ns(r["est_total_ns"]) if r["est_total_ns"] is not None else "-"]
+                for r in self.summary["top_kernels"][: self.top]]
+
+    def _sync_rows(self) -> list[list[Any]]:
+        return [[r["name"], f"neuron:{r['device']}", fmt_ns(r["wait_ns"]), r["location"] or ""]
+                for r in self.summary["sync_events"]]
+
+    def _dma_rows(self) -> list[list[Any]]:
+        return [[d, v["count"], fmt_bytes(v["bytes"])] for d, v in self.summary["transfers"].items() if v["count"]]
+
+    def _extra_lines(self) -> list[str]:
+        lines = []
+        for r in self.summary["new_signatures"][: self.top]:
+            lines.append(f"new signature {r['name']}({r['shapes']}) at {r['location'] or '?'}")
+        for d, m in self.memory.items():
+            lines.append(f"neuron:{d} memory {fmt_bytes(m['before'])} -> {fmt_bytes(m['after'])}, "
+                         f"peak {fmt_bytes(m['peak'])}")
+        if self.new_subgraphs:
+            lines.append("compiled graphs: " + ", ".join(f"#{i}" for i in self.new_subgraphs))
+        for b in self.graph_breaks:
+            lines.append(f"graph break at {b['location']}: {b['reason']}")
+        if self.trace.dropped:
+            lines.append(f"{self.trace.dropped} events dropped (ring buffer full): the trace is incomplete")
+        if self.exported:
+            lines.append(f"Chrome trace written to {self.exported}")
+        return lines
+
+    def __str__(self) -> str:
+        lines = [self._headline()]
+        if self.summary["time_by_engine"]:
+            lines += _text_table(("engine", "count", "time", "share"), self._engine_rows())
+        if self.summary["top_kernels"]:
+            lines.append("  top kernels (est = trn ESTIMATE):")
+            lines += _text_table(("kernel", "engine", "count", "time", "share", "est"), self._top_rows(), "    ")
+        if self._sync_rows():
+            lines.append("  host syncs:")
+            lines += _text_table(("op", "device", "wait", "where"), self._sync_rows(), "    ")
+        if self._dma_rows():
+            lines.append("  transfers:")
+            lines += _text_table(("direction", "count", "bytes"), self._dma_rows(), "    ")
+        lines += ["  " + ln for ln in self._extra_lines()]
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        parts = [f"<p><b>{html.escape(self._headline())}</b></p>"]
+        if self.summary["time_by_engine"]:
+            parts.append(_html_section("Time by engine",
+                                       _html_table(("engine", "count", "time", "share"), self._engine_rows())))
+        if self.summary["top_kernels"]:
+            parts.append(_html_section("Top kernels (est = trn ESTIMATE)", _html_table(
+                ("kernel", "engine", "count", "time", "share", "est"), self._top_rows())))
+        if self._sync_rows():
+            parts.append(_html_section("Host syncs", _html_table(("op", "device", "wait", "where"),
+                                                                 self._sync_rows())))
+        if self._dma_rows():
+            parts.append(_html_section("Transfers", _html_table(("direction", "count", "bytes"), self._dma_rows())))
+        parts.append(_html_list(self._extra_lines()))
+        return "".join(parts)
+
+
+# --------------------------------------------------------------------------- %neuron_watch
+
+
+@dataclass(repr=False)
+class WatchLine(_Rich):
+    """What one cell did, for ambient mode: counts and memory per device."""
+
+    cell: int | None
+    kernels: int = 0
+    transfers: int = 0
+    syncs: int = 0
+    new_signatures: int = 0
+    graph_breaks: int = 0
+    memory: dict[int, tuple[int, int]] = field(default_factory=dict)  # device -> (current, peak)
+    memory_changed: bool = False
+
+    @property
+    def eventful(self) -> bool:
+        return bool(self.kernels or self.transfers or self.syncs or self.new_signatures or self.graph_breaks
+                    or self.memory_changed)
+
+    def __str__(self) -> str:
+        parts = [f"{self.kernels} kernels"]
+        if self.transfers:
+            parts.append(f"{self.transfers} transfers")
+        if self.new_signatures:
+            parts.append(f"{self.new_signatures} new signatures")
+        if self.syncs:
+            parts.append(f"{self.syncs} host syncs")
+        if self.graph_breaks:
+            parts.append(f"{self.graph_breaks} graph breaks")
+        mem = ", ".join(f"neuron:{d} {fmt_bytes(c)} (peak {fmt_bytes(p)})" for d, (c, p) in self.memory.items())
+        where = f"[neuron] cell [{self.cell}]: " if self.cell is not None else "[neuron] "
+        return where + ", ".join(parts) + (f" | {mem}" if mem else "")

@@ -1,0 +1,320 @@
+"""Interactive widgets around the pure builders of :mod:`.figures`, and the static HTML export.
+
+* :class:`TimelineWidget` -- summary bar (time per engine, idle gaps, syncs), the kernel timeline as a
+  Plotly ``FigureWidget`` with a range slider, a colour toggle, and a details panel filled when a
+  kernel is clicked (its fields and its neighbours in the lane). Zooming re-runs the level-of-detail
+  aggregation for the visible window.
+* :class:`MemoryWidget` -- allocated/reserved over time, a slider for the moment, the segment/block map
+  and the top live allocations at that moment.
+* :class:`SubgraphWidget` -- compiled subgraphs (pick one: FX code highlighted, kernels, guards) and
+  the graph breaks with their locations.
+* :func:`save_html` -- a self-contained HTML file (plotly.js embedded, no CDN) that works offline.
+
+Without a widget front-end (terminal IPython, nbconvert to text) each widget shows a text summary:
+``repr()`` and ``_repr_pretty_`` give it, and it is the ``text/plain`` entry of the mimebundle.
+"""
+
+from __future__ import annotations
+
+import html
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as W
+import numpy as np
+import plotly.graph_objects as go
+
+from torchneuron_lab.tracing import KernelEvent, Trace
+from torchneuron_lab.widgets import figures as F
+
+__all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "save_html"]
+
+_CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
+
+
+def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    """Write ``fig`` (a Figure, FigureWidget, or one of this module's widgets) as one offline HTML file.
+
+    plotly.js is embedded (``include_plotlyjs=True``); nothing is loaded from a CDN. The only URL
+    inside plotly.js -- the default topojson location for geo maps, which these figures never draw
+    -- is pointed at a relative folder so the file references no remote host at all.
+    """
+    figure = getattr(fig, "figure", fig)
+    if not isinstance(figure, go.Figure):  # FigureWidget is a BaseFigure but not a go.Figure
+        figure = go.Figure(figure)
+    text = figure.to_html(include_plotlyjs=True, full_html=True, include_mathjax=False,
+                          config={"responsive": True, "displaylogo": False})
+    text = text.replace(_CDN_TOPOJSON, '"topojson/"')
+    if title:
+        text = text.replace("<head>", f"<head><title>{html.escape(title)}</title>", 1)
+    p = Path(path)
+    p.write_text(text, encoding="utf-8")
+    return p
+
+
+def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "") -> str:
+    if isinstance(rows, Mapping):
+        body = "".join(
+            f"<tr><th style='text-align:left;padding-right:8px'>{html.escape(str(k))}</th>"
+            f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>" for k, v in rows.items()
+        )
+        return f"<table class='{cls}'>{body}</table>"
+    if not rows:
+        return "<i>none</i>"
+    keys = list(rows[0])
+    head = "".join(f"<th style='text-align:left;padding-right:8px'>{html.escape(k)}</th>" for k in keys)
+    body = "".join(
+        "<tr>" + "".join(f"<td style='text-align:left;padding-right:8px'>{html.escape(str(r[k]))}</td>" for k in keys)
+        + "</tr>" for r in rows
+    )
+    return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
+
+
+class TimelineWidget(W.VBox):  # type: ignore[misc]
+    """The kernel timeline, interactive: what ``%%neuron_profile`` shows.
+
+    Attributes:
+        events: the events shown; ``summary`` the dict of :func:`.figures.timeline_summary`.
+        figure: the Plotly ``FigureWidget``; ``details`` the side panel (``ipywidgets.HTML``);
+        summary_bar: the summary ``ipywidgets.HTML``; ``color_toggle`` switches family/subgraph.
+    """
+
+    def __init__(
+        self,
+        events: Trace | Iterable[KernelEvent],
+        *,
+        color_by: str = "family",
+        profile: str | None = None,
+        max_boxes: int = 6000,
+        pixels: int = 1200,
+    ) -> None:
+        if profile is None and isinstance(events, Trace):
+            profile = events.profile
+        self.profile = profile
+        self.dropped = events.dropped if isinstance(events, Trace) else 0
+        self.cols = F.EventColumns.build(events)
+        self.events = self.cols.events
+        self.max_boxes = max_boxes
+        self.pixels = pixels
+        self.color_by = color_by
+        self.window: tuple[int, int] | None = None
+        self.summary = F.timeline_summary(self.cols)
+        self.selected: dict[str, Any] | None = None
+        fig = F.timeline_figure(self.cols, color_by=color_by, profile=profile, max_boxes=max_boxes,
+                                pixels=pixels, rangeslider=True)
+        self.figure = go.FigureWidget(fig)
+        self.figure.layout.on_change(self._on_relayout, "xaxis.range")
+        self._hook_clicks()
+        self.summary_bar = W.HTML(self._summary_html())
+        self.summary_bar.add_class("tnl-summary")
+        self.details = W.HTML("<i>Click a kernel to see its details and neighbours.</i>",
+                              layout=W.Layout(width="340px", overflow="auto", max_height=f"{fig.layout.height}px"))
+        self.details.add_class("tnl-details")
+        self.color_toggle = W.ToggleButtons(options=[("op family", "family"), ("subgraph", "subgraph")],
+                                            value=color_by, description="colour by")
+        self.color_toggle.observe(self._on_color, names="value")
+        super().__init__([self.summary_bar, self.color_toggle,
+                          W.HBox([self.figure, self.details], layout=W.Layout(width="100%"))])
+        self.add_class("tnl-timeline")
+
+    # -- text fallback -------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        text = F.summary_text(self.summary)
+        if self.dropped:
+            text += f"\n(the recorder dropped {self.dropped} events: the trace is incomplete)"
+        return f"TimelineWidget: {text}"
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+    # -- drawing -------------------------------------------------------------------------------
+    def _summary_html(self) -> str:
+        s = self.summary
+        eng = " · ".join(
+            f"<b>{html.escape(k)}</b> {F._fmt_ns(v['total_ns'])} ({v['count']:,})" for k, v in s["engines"].items()
+        )
+        drop = f" · <span style='color:#d62728'>{self.dropped} dropped</span>" if self.dropped else ""
+        return (
+            f"<div style='font-family:sans-serif;font-size:13px'>{s['num_events']:,} events over "
+            f"{F._fmt_ns(s['span_ns'])} · <b>syncs</b> {s['syncs']} (waited {F._fmt_ns(s['sync_wait_ns'])}) · "
+            f"<b>idle gaps</b> {s['idle_gaps']:,} ({F._fmt_ns(s['idle_ns'])}) · <b>compiles</b> {s['compiles']} · "
+            f"<b>OOMs</b> {s['ooms']}{drop}<br>time per engine: {eng or 'none'}</div>"
+        )
+
+    def _hook_clicks(self) -> None:
+        for tr in self.figure.data:
+            if (tr.meta or {}).get("role") in ("hover", "marker"):
+                tr.on_click(self._on_click)
+
+    def redraw(self, window: tuple[int, int] | None = None) -> None:
+        """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode."""
+        self.window = window
+        fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
+                                pixels=self.pixels, window=window, rangeslider=True)
+        with self.figure.batch_update():
+            self.figure.data = []
+            self.figure.add_traces(list(fig.data))
+            self.figure.layout.meta = fig.layout.meta
+            self.figure.layout.shapes = fig.layout.shapes
+        self._hook_clicks()
+
+    def _on_color(self, change: Mapping[str, Any]) -> None:
+        self.color_by = change["new"]
+        self.redraw(self.window)
+
+    def _on_relayout(self, layout: Any, xrange: Any) -> None:
+        if xrange is None or len(xrange) != 2:
+            return
+        t0 = self.cols.t0
+        window = (int(t0 + float(xrange[0]) * 1e3), int(t0 + float(xrange[1]) * 1e3))
+        if window == self.window:
+            return
+        meta = self.figure.layout.meta or {}
+        if self.window is None and not meta.get("merged"):
+            self.window = window  # nothing was merged: nothing to refine
+            return
+        self.redraw(window)
+        with self.figure.batch_update():
+            self.figure.layout.xaxis.range = list(xrange)
+
+    # -- clicks --------------------------------------------------------------------------------
+    def _on_click(self, trace: Any, points: Any, selector: Any = None) -> None:
+        if not points.point_inds:
+            return
+        i = points.point_inds[0]
+        seq, index = (int(v) for v in trace.customdata[i])
+        self.select(index, text=trace.hovertext[i] if index < 0 else None)
+
+    def select(self, index: int, *, text: str | None = None) -> dict[str, Any]:
+        """Fill the details panel for event ``index`` (a merged box ``-(j+1)`` shows ``text``, its hover
+        text); return what it shows."""
+        if index < 0:
+            self.selected = {"merged box": -index, "text": text or ""}
+            self.details.value = (
+                "<div style='font-family:sans-serif;font-size:12px'>" + (text or "<b>merged kernels</b>")
+                + "<br><i>zoom in to see the individual kernels</i></div>"
+            )
+            return self.selected
+        e = self.events[index]
+        d = F.event_details(e, self.profile)
+        lane = self.cols.lane[index]
+        same = np.nonzero(self.cols.lane == lane)[0]
+        same = same[np.argsort(self.cols.start[same], kind="stable")]
+        pos = int(np.nonzero(same == index)[0][0])
+        neigh = []
+        for j in range(max(0, pos - 2), min(len(same), pos + 3)):
+            n = self.events[int(same[j])]
+            neigh.append({"": "▶" if j == pos else "", "op": n.name,
+                          "start (µs)": f"{(n.start_ns - self.cols.t0) / 1e3:.2f}", "duration": F._fmt_ns(n.dur_ns)})
+        self.selected = {"event": d, "neighbours": neigh}
+        self.details.value = (
+            f"<div style='font-family:sans-serif;font-size:12px'><b>{html.escape(e.name)}</b>"
+            + _table({k: v for k, v in d.items() if k != "op"}, "tnl-detail-fields")
+            + "<b>neighbours in the lane</b>" + _table(neigh, "tnl-neighbours") + "</div>"
+        )
+        return self.selected
+
+
+class MemoryWidget(W.VBox):  # type: ignore[misc]
+    """Allocator history and state: what ``%neuron_memory`` shows, read from a ``_snapshot()`` dict."""
+
+    def __init__(self, snapshot: Mapping[str, Any], *, device: int = 0, top: int = 10) -> None:
+        self.snapshot = snapshot
+        self.device = device
+        self.top = top
+        self.timeline = F.memory_timeline(snapshot, device)
+        n = len(self.timeline["time_us"])
+        self.history = go.FigureWidget(F.memory_figure(snapshot))
+        self.slider = W.IntSlider(value=max(n - 1, 0), min=0, max=max(n - 1, 0), description="moment",
+                                  continuous_update=False, layout=W.Layout(width="90%"))
+        self.segments = go.FigureWidget(F.segment_map_figure(snapshot, device=device))
+        self.top_html = W.HTML()
+        self.moment = W.HTML()
+        self.slider.observe(lambda ch: self.show_moment(ch["new"]), names="value")
+        self.show_moment(self.slider.value if n else None)
+        super().__init__([W.HTML(self._summary_html()), self.history, self.slider, self.moment,
+                          self.segments, self.top_html])
+
+    def _summary_html(self) -> str:
+        meta = self.history.layout.meta["devices"]
+        parts = [f"<b>neuron:{d}</b> peak allocated {F._fmt_bytes(m['peak_allocated'])}, peak reserved "
+                 f"{F._fmt_bytes(m['peak_reserved'])}, {m['ooms']} OOMs" for d, m in meta.items()]
+        return "<div style='font-family:sans-serif;font-size:13px'>" + " · ".join(parts) + "</div>"
+
+    def show_moment(self, index: int | None) -> None:
+        """Show the block map and top allocations after action ``index`` of the history."""
+        tl = self.timeline
+        if index is not None and tl["time_us"]:
+            self.moment.value = (f"after action {index}: <b>{html.escape(tl['actions'][index])}</b>, "
+                                 f"allocated {F._fmt_bytes(tl['allocated'][index])}, "
+                                 f"reserved {F._fmt_bytes(tl['reserved'][index])}")
+        seg = F.segment_map_figure(self.snapshot, device=self.device, at_index=index)
+        with self.segments.batch_update():
+            self.segments.data = []
+            self.segments.add_traces(list(seg.data))
+            self.segments.layout.height = seg.layout.height
+            self.segments.layout.meta = seg.layout.meta
+        rows = F.top_allocations(self.snapshot, self.top, device=self.device, at_index=index)
+        self.top_html.value = "<b>top live allocations</b>" + _table(
+            [{"size": F._fmt_bytes(r["size"]), "allocated at": r["source"]} for r in rows])
+
+    def __repr__(self) -> str:
+        meta = self.history.layout.meta["devices"]
+        lines = [f"neuron:{d}: peak allocated {F._fmt_bytes(m['peak_allocated'])}, peak reserved "
+                 f"{F._fmt_bytes(m['peak_reserved'])}, {m['ooms']} OOMs, {m['entries']} actions"
+                 for d, m in meta.items()]
+        for r in F.top_allocations(self.snapshot, 5, device=self.device):
+            lines.append(f"  {F._fmt_bytes(r['size']):>12}  {r['source']}")
+        return "MemoryWidget:\n" + "\n".join(lines)
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+
+def _highlight(code: str) -> str:
+    try:
+        from pygments import highlight
+        from pygments.formatters import HtmlFormatter
+        from pygments.lexers import PythonLexer
+    except ModuleNotFoundError:  # pragma: no cover - pygments ships with IPython
+        return f"<pre>{html.escape(code)}</pre>"
+    return str(highlight(code, PythonLexer(), HtmlFormatter(noclasses=True)))
+
+
+class SubgraphWidget(W.VBox):  # type: ignore[misc]
+    """Compiled subgraphs (pick one: FX code, kernels, guards) and graph breaks with reasons."""
+
+    def __init__(self, records: Iterable[Any], breaks: Iterable[Any] = ()) -> None:
+        self.records = [F._as_dict(r) for r in records]
+        self.rows = F.subgraph_rows(self.records)
+        self.breaks = F.graph_break_rows(breaks)
+        options = [(f"#{r['id']} {r['name']}", i) for i, r in enumerate(self.rows)]
+        self.picker = W.Select(options=options, rows=min(8, max(2, len(options))), layout=W.Layout(width="100%"))
+        self.detail = W.HTML()
+        self.picker.observe(lambda ch: self.show(ch["new"]), names="value")
+        if options:
+            self.show(0)
+        super().__init__([W.HTML("<b>compiled subgraphs</b>" + _table(self.rows)), self.picker, self.detail,
+                          W.HTML("<b>graph breaks</b>" + _table(
+                              [{k: r[k] for k in ("reason", "location", "function", "count")} for r in self.breaks]))])
+
+    def show(self, i: int) -> None:
+        rec = self.records[i]
+        kernels = [{"name": k.get("name"), "kind": k.get("kind"), "aten ops": ", ".join(k.get("aten_ops", []))}
+                   for k in rec.get("kernels", [])]
+        self.detail.value = (
+            f"<b>{html.escape(str(rec.get('name')))}</b>" + _highlight(rec.get("fx_code", ""))
+            + "<b>kernels</b>" + _table(kernels)
+            + "<b>guards</b><pre>" + html.escape("\n".join(rec.get("guards", []))) + "</pre>"
+        )
+
+    def __repr__(self) -> str:
+        lines = [f"#{r['id']} {r['name']}: {r['ops']} ops, {r['kernels']} kernels, {r['compile_ms']} ms compile, "
+                 f"{r['calls']} calls" for r in self.rows]
+        lines += [f"graph break at {b['location']}: {b['reason']}" for b in self.breaks]
+        return "SubgraphWidget:\n" + ("\n".join(lines) or "(nothing compiled)")
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
