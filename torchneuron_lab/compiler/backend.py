@@ -138,8 +138,77 @@ class _ExternKernels:
         return call
 
 
+class _TimedOverload:
+    def __init__(self, op: Any, name: str) -> None:
+        self._op, self._name = op, name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        C = lib()
+        run = _current_run()
+        if run is None or not C.recorder_enabled():
+            return self._op(*args, **kwargs)
+        t0 = C.now_ns()
+        out = self._op(*args, **kwargs)
+        t1 = C.now_ns()
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        C.recorder_push("kernel", self._name, run[1], _engine_for([self._name]), t0, t1,
+                        sum(_nbytes(a) for a in args), sum(_nbytes(o) for o in outs), 0, run[0], "")
+        return out
+
+
+class _Ns:
+    """Attribute proxy: ``torch`` -> ``torch.ops`` -> ``torch.ops.aten`` -> packet -> timed overload."""
+
+    _tnl_wrapped = True
+
+    def __init__(self, inner: Any, path: str, wanted: set[str]) -> None:
+        self._inner, self._path, self._wanted = inner, path, wanted
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        path = f"{self._path}.{name}" if self._path else name
+        parts = path.split(".")
+        if parts[0] != "ops":
+            return target
+        if len(parts) == 4 and parts[1] == "aten":  # ops.aten.<op>.<overload>
+            label = f"aten::{parts[2]}.{parts[3]}"
+            return _TimedOverload(target, label) if label in self._wanted else target
+        return _Ns(target, path, self._wanted)
+
+
+def _TorchWithTimedFallbacks(torch_mod: Any, wanted: set[str]) -> Any:
+    return _Ns(torch_mod, "", wanted)
+
+
 _PYBINDING = re.compile(r"^(?P<name>cpp_fused_\w+) = async_compile\.cpp_pybinding\(\[(?P<args>[^\]]*)\]", re.M)
 _ORIGIN = re.compile(r"Original ATen: \[(?P<ops>[^\]]*)\]")
+
+
+@functools.lru_cache(maxsize=None)
+def _aten_op_names() -> frozenset[str]:
+    return frozenset(n.split("::", 1)[1].split(".")[0] for n in torch._C._dispatch_get_all_op_names()
+                     if n.startswith("aten::"))
+
+
+def _ops_from_kernel_name(name: str) -> list[str]:
+    """``cpp_fused_relu_threshold_backward_3`` -> ``["aten.relu", "aten.threshold_backward"]``: Inductor names
+    a kernel by its sorted original ATen ops joined with ``_``; split on real op names, longest first."""
+    s = re.sub(r"^cpp_fused_|_\d+$", "", name)
+    names = _aten_op_names()
+
+    @functools.lru_cache(maxsize=None)
+    def seg(i: int) -> tuple[str, ...] | None:
+        if i >= len(s):
+            return ()
+        for j in range(len(s), i, -1):
+            if s[i:j] in names and (j == len(s) or s[j] == "_"):
+                rest = seg(j + 1)
+                if rest is not None:
+                    return (s[i:j], *rest)
+        return None
+
+    ops = seg(0)
+    return [f"aten.{o}" for o in ops] if ops else [f"aten.{s}"]
 
 
 def _kernels_from_source(src: str) -> tuple[list[dict[str, Any]], list[str], dict[str, list[bool]]]:
@@ -167,7 +236,7 @@ def _kernels_from_source(src: str) -> tuple[list[dict[str, Any]], list[str], dic
         if km and km.group(1) not in seen:
             name = km.group(1)
             seen.add(name)
-            ops = pending_ops or [f"aten.{p}" for p in re.sub(r"^cpp_fused_|_\d+$", "", name).split("_") if p]
+            ops = pending_ops or _ops_from_kernel_name(name)
             kernels.append({"name": name, "aten_ops": ops, "kind": "fused"})
             pending_ops = []
             continue
@@ -198,6 +267,9 @@ def _instrument(compiled: Any) -> tuple[list[dict[str, Any]], list[str]]:
     for name in list(gl):
         if name.startswith("cpp_fused_") and callable(gl[name]) and not getattr(gl[name], "_tnl_wrapped", False):
             gl[name] = _timed_kernel(gl[name], name, origins.get(name, []), masks.get(name, []))
+    fallback_ops = {k["name"] for k in kernels if k["kind"] == "aten-fallback"}
+    if fallback_ops and not getattr(gl.get("torch"), "_tnl_wrapped", False):
+        gl["torch"] = _TorchWithTimedFallbacks(gl["torch"], fallback_ops)
     ek = gl.get("extern_kernels")
     if ek is not None and not getattr(ek, "_tnl_wrapped", False):
         gl["extern_kernels"] = _ExternKernels(ek)
@@ -384,6 +456,16 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     t_entry = time.perf_counter()
     compile_id = capture._compile_id() or "?"
     start = _frame_start.pop(compile_id, None)
+    from torch._dynamo.callback import callback_handler
+
+    if _on_compile_start not in callback_handler.start_callbacks:  # torch._dynamo.reset() cleared it
+        callback_handler.register_start_callback(_on_compile_start)
+    if start is None:  # this compile started before the callback was back: Dynamo's own start time
+        from torch._dynamo.utils import get_metrics_context
+
+        t0_ns = getattr(get_metrics_context(), "_start_time_ns", 0)
+        if t0_ns:
+            start = t_entry - (time.time_ns() - t0_ns) / 1e9
     source = _user_source(gm)
     function = _traced_function() or _module_name(gm) or (source[0]["name"] if source else "<graph>")
     if "torch_dynamo_resume_in_" in function:

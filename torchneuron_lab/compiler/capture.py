@@ -125,10 +125,9 @@ def _parse_break(msg: str) -> GraphBreak | None:
         elif s.startswith("Hint:"):
             hints.append(s[len("Hint:"):].strip())
     filename, line = m.group("file"), int(m.group("line"))
-    function = None
-    for fm in re.finditer(r'File "(?P<f>[^"]+)", line (?P<l>\d+), in (?P<fn>[\w<>]+)', msg):
-        if fm.group("f") == filename and int(fm.group("l")) == line:
-            function = fm.group("fn")  # the frame the break happened in (the innermost match wins)
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', msg)
+    here = [f for f in frames if (f[0], int(f[1])) == (filename, line)]
+    function = (here or frames or [(None, None, None)])[-1][2]
     if function:
         rm = _RESUME.match(function)
         if rm:
@@ -208,6 +207,10 @@ class _Handler(logging.Handler):
                     text = _readable_guards(msg)
                     with _lock:
                         _guards[cid] = text
+                    from . import registry
+
+                    for r in registry._pending_guards(cid):
+                        r.guards = list(text)
         except Exception:  # noqa: BLE001
             return
 

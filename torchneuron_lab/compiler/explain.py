@@ -59,22 +59,43 @@ class ExplainReport:
         return "\n".join(lines)
 
 
+def _fresh_copy(fn: Any) -> Any:
+    """A copy of a function (or bound method) with a new code object, so Dynamo compiles it afresh
+    without resetting anyone else's compiled code. None for other callables."""
+    import types
+
+    if isinstance(fn, types.MethodType):
+        inner = _fresh_copy(fn.__func__)
+        return None if inner is None else types.MethodType(inner, fn.__self__)
+    if not isinstance(fn, types.FunctionType):
+        return None
+    new = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__qualname__ = fn.__qualname__
+    new.__dict__.update(fn.__dict__)
+    return new
+
+
 def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     """Compile ``fn`` with ``torch.compile(backend="neuron")``, call it once, and report.
 
-    Like ``torch._dynamo.explain``, this resets Dynamo's caches first, so the function is compiled
-    afresh (other compiled functions recompile on their next call).
+    A plain function or method is compiled as a fresh copy (its own code object), so earlier compiles
+    of it cannot hide anything and nobody else's compiled code is reset; other callables (e.g. an
+    ``nn.Module``) reset Dynamo's caches first, like ``torch._dynamo.explain``.
     """
     import torch
 
     from .backend import register_backend
 
     register_backend()
-    torch._dynamo.reset()
+    fresh = _fresh_copy(fn)
+    if fresh is None:  # not a plain function or method (e.g. an nn.Module): start from empty caches
+        torch._dynamo.reset()
+        fresh = fn
     n_graphs = len(registry.records())
     n_breaks = {(b.filename, b.line, b.reason): b.count for b in capture.graph_breaks()}
     n_recompiles = len(capture.recompiles())
-    compiled = torch.compile(fn, backend="neuron")
+    compiled = torch.compile(fresh, backend="neuron")
     output = compiled(*args, **kwargs)
     breaks: list[GraphBreak] = []
     for b in capture.graph_breaks():

@@ -85,6 +85,12 @@ def _add(rec: SubgraphRecord) -> SubgraphRecord:
     return rec
 
 
+def _pending_guards(compile_id: str) -> list[SubgraphRecord]:
+    """Records of ``compile_id`` still waiting for their guards (Dynamo logs them after the backend)."""
+    with _lock:
+        return [r for r in _records if r.compile_id == compile_id and not r.guards]
+
+
 def records() -> list[SubgraphRecord]:
     """All records, oldest first (the live objects: ``calls`` keeps counting)."""
     from . import capture
