@@ -17,6 +17,9 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/native/DispatchStub.h>
+#include <ATen/native/transformers/attention.h>
+#include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/_to_copy_native.h>
@@ -938,3 +941,23 @@ at::Tensor HostCall::out(const at::Tensor& t) {
 }
 
 }  // namespace tnl
+
+namespace tnl {
+namespace {
+// scaled_dot_product_attention asks a per-device stub which fused kernel to use (math otherwise). The
+// neuron device runs host kernels, so it makes the CPU's choice (flash attention for CPU when the
+// inputs allow it); the chosen kernel then runs through the fallback on device memory.
+int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const std::optional<at::Tensor>& mask, double dropout, bool causal,
+                          std::optional<double> scale, bool gqa) {
+  HostCall call(q.device().index());
+  std::optional<at::Tensor> m;
+  if (mask.has_value() && mask->defined()) m = call.in(*mask);
+  return at::native::_fused_sdp_choice_cpp(call.in(q), call.in(k), call.in(v), m, dropout, causal, scale, gqa);
+}
+}  // namespace
+}  // namespace tnl
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tnl::neuron_sdp_choice)
+}  // namespace at::native
