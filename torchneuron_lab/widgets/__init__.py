@@ -16,12 +16,12 @@ __all__ = [
     "MemoryWidget",
     "SubgraphWidget",
     "TimelineWidget",
+    "graph_breaks_figure",
     "lod_aggregate",
     "memory_figure",
     "save_html",
     "segment_map_figure",
     "subgraph_table_figure",
-    "graph_breaks_figure",
     "timeline_figure",
 ]
 

@@ -37,6 +37,7 @@ __all__ = [
     "LOD",
     "WEBGL_THRESHOLD",
     "EventColumns",
+    "event_details",
     "graph_break_rows",
     "graph_breaks_figure",
     "lane_label",
@@ -47,11 +48,10 @@ __all__ = [
     "op_family",
     "segment_map_figure",
     "subgraph_rows",
-    "summary_text",
-    "timeline_summary",
-    "event_details",
     "subgraph_table_figure",
+    "summary_text",
     "timeline_figure",
+    "timeline_summary",
     "top_allocations",
 ]
 
@@ -74,7 +74,7 @@ _SUBGRAPH_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c5
 _EAGER_COLOR = "#7f7f7f"
 
 _FAMILY_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("matmul", re.compile(r"(mm|matmul|linear|conv|addmm|bmm|baddbmm|einsum|dot|mv)\b|::(mm|bmm|addmm|mv|dot)")),
+    ("matmul", re.compile(r"(?<![a-z])(mm|bmm|addmm|baddbmm|matmul|linear|conv\w*|convolution|einsum|dot|mv)(?![a-z])")),
     ("reduction", re.compile(r"(sum|mean|max|min|amax|amin|argmax|argmin|prod|norm|softmax|var|std|any|all)")),
     ("copy/layout", re.compile(r"(copy|clone|cat|stack|index|gather|scatter|contiguous|fill|zero|empty|view|"
                                 r"permute|transpose|expand|slice|select|as_strided|_to_copy|where)")),
@@ -325,7 +325,7 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
             span = int(run[-1] - s[0])
             label = cols.lanes[int(lane[a])]
             busy = span - int(gaps.sum())
-            lanes[label] = {"count": b - a, "busy_ns": busy, "idle_ns": int(gaps.sum()), "gaps": int(len(gaps))}
+            lanes[label] = {"count": b - a, "busy_ns": busy, "idle_ns": int(gaps.sum()), "gaps": len(gaps)}
             engine = label.split(" · ")[-1]
             row = engines.setdefault(engine, {"count": 0, "total_ns": 0, "busy_ns": 0})
             row["count"] += b - a
@@ -342,10 +342,12 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
 def summary_text(summary: Mapping[str, Any]) -> str:
     """Plain-text rendering of :func:`timeline_summary` (the terminal fallback)."""
     lines = [
-        f"{summary['num_events']:,} events over {_fmt_ns(summary['span_ns'])}; "
-        f"{summary['syncs']} host syncs (waited {_fmt_ns(summary['sync_wait_ns'])}), "
-        f"{summary['idle_gaps']} idle gaps ({_fmt_ns(summary['idle_ns'])} idle), "
-        f"{summary['compiles']} compiles, {summary['ooms']} OOMs",
+        (
+            f"{summary['num_events']:,} events over {_fmt_ns(summary['span_ns'])}; "
+            f"{summary['syncs']} host syncs (waited {_fmt_ns(summary['sync_wait_ns'])}), "
+            f"{summary['idle_gaps']} idle gaps ({_fmt_ns(summary['idle_ns'])} idle), "
+            f"{summary['compiles']} compiles, {summary['ooms']} OOMs"
+        ),
         f"{'engine':<8} {'count':>10} {'total':>12} {'busy':>12}",
     ]
     for engine, row in summary["engines"].items():
@@ -431,7 +433,7 @@ def _agg_hover(cols: EventColumns, lod: LOD, j: int) -> str:
 # ------------------------------------------------------------------------------------ timeline
 _MARKER_KINDS = {
     "sync": ("host sync", "triangle-down", "#ff7f0e"),
-    "compile": ("compile", "star", "#e377c2"),
+    "compile": ("compile start", "star", "#e377c2"),
     "oom": ("OOM", "x", "#d62728"),
 }
 
@@ -463,6 +465,7 @@ def timeline_figure(
     render: str = "auto",
     rangeslider: bool = False,
     title: str | None = None,
+    width: int | None = None,
 ) -> go.Figure:
     """Kernel timeline: lanes per device x engine plus a host lane, markers for syncs, compiles, OOMs.
 
@@ -476,6 +479,7 @@ def timeline_figure(
         window: ``(t0, t1)`` in the events' ns to draw (default: everything).
         render: 'auto' (WebGL above :data:`WEBGL_THRESHOLD` points), 'svg' or 'webgl'.
         rangeslider: show a range slider under the x axis.
+        width: figure width in pixels (None: fill the container).
 
     The figure's ``layout.meta`` holds ``{"t0_ns", "lanes", "num_events", "num_boxes", "merged"}``.
     Every hover marker's ``customdata`` is ``[seq, index]`` for an event (index into the events) or
@@ -518,12 +522,12 @@ def timeline_figure(
     traces: list[Any] = []
     for key in sorted(groups, key=order):
         name, color, compiled = key
-        ids = np.asarray(groups[key], dtype=np.int64)
-        s = (cols.start[ids] - t0) / 1e3
-        e_ = (cols.end[ids] - t0) / 1e3
-        y = cols.lane[ids].astype(float)
-        xs = np.column_stack([s, e_, np.full(len(ids), np.nan)]).ravel()
-        ys = np.column_stack([y, y, np.full(len(ids), np.nan)]).ravel()
+        gids = np.asarray(groups[key], dtype=np.int64)
+        s = (cols.start[gids] - t0) / 1e3
+        e_ = (cols.end[gids] - t0) / 1e3
+        y = cols.lane[gids].astype(float)
+        xs = np.column_stack([s, e_, np.full(len(gids), np.nan)]).ravel()
+        ys = np.column_stack([y, y, np.full(len(gids), np.nan)]).ravel()
         line: dict[str, Any] = {"color": color, "width": _BAR_WIDTH_PX if not compiled else _BAR_WIDTH_PX - 4}
         if compiled and not webgl:
             line["dash"] = "dash"
@@ -533,14 +537,14 @@ def timeline_figure(
                 hoverinfo="skip", showlegend=True, meta={"role": "boxes"},
             )
         )
-        texts = [_hover_html(event_details(evs[i], profile)) for i in ids.tolist()]
+        texts = [_hover_html(event_details(evs[i], profile)) for i in gids.tolist()]
         traces.append(
             _scatter(
                 webgl, x=(s + e_) / 2, y=y, mode="markers", name=name, legendgroup=name, showlegend=False,
                 marker={"size": 9 if compiled else 6, "color": color, "symbol": "diamond" if compiled else "circle",
                         "opacity": 0.9 if compiled else 0.35, "line": {"width": 1, "color": "#222"} if compiled else {"width": 0}},
                 hovertext=texts, hovertemplate="%{hovertext}<extra></extra>",
-                customdata=np.column_stack([[evs[i].seq for i in ids.tolist()], ids]),
+                customdata=np.column_stack([[evs[i].seq for i in gids.tolist()], gids]),
                 meta={"role": "hover"},
             )
         )
@@ -576,7 +580,7 @@ def timeline_figure(
         if not ids:
             continue
         if len(ids) > max_boxes:  # keep the payload bounded: one marker per pixel column
-            arr = np.asarray(ids)
+            arr = np.asarray(ids, dtype=np.int64)
             bins = ((cols.start[arr] - cols.start[arr].min()) / max(lod.pixel_ns, 1e-9)).astype(np.int64)
             _, first = np.unique(bins * (nlanes + 1) + cols.lane[arr], return_index=True)
             ids = arr[np.sort(first)].tolist()
@@ -595,15 +599,16 @@ def timeline_figure(
     fig = go.Figure(traces)
     for x in oom_x[:50]:
         fig.add_vline(x=x, line={"color": "#d62728", "dash": "dot", "width": 1})
-    height = max(260, 60 + 38 * nlanes)
+    height = max(260, 100 + 40 * nlanes + (110 if rangeslider else 0))
     fig.update_layout(
         title=title,
         height=height,
-        margin={"l": 150, "r": 20, "t": 40 if title else 20, "b": 40},
+        width=width,
+        margin={"l": 140, "r": 20, "t": 80 if title else 60, "b": 40},
         hovermode="closest",
         hoverdistance=30,
         dragmode="zoom",
-        legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 0},
+        legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
         xaxis={"title": {"text": "time since first event (µs)"}, "showgrid": True, "zeroline": False,
                "rangeslider": {"visible": rangeslider}},
         yaxis={"tickmode": "array", "tickvals": list(range(nlanes)), "ticktext": cols.lanes,

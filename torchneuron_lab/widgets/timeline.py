@@ -72,7 +72,20 @@ def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "")
     return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
 
 
-class TimelineWidget(W.VBox):  # type: ignore[misc]
+class _TextFallback:
+    """The full text summary as ``text/plain`` (ipywidgets cuts its repr at 110 characters), shown
+    by terminal IPython and nbconvert to text, next to the widget view for front-ends that have one."""
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
+        data: dict[str, Any] = super()._repr_mimebundle_(**kwargs) or {}  # type: ignore[misc]
+        data["text/plain"] = repr(self)
+        return data
+
+    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
+        p.text(repr(self))
+
+
+class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
     """The kernel timeline, interactive: what ``%%neuron_profile`` shows.
 
     Attributes:
@@ -88,7 +101,7 @@ class TimelineWidget(W.VBox):  # type: ignore[misc]
         color_by: str = "family",
         profile: str | None = None,
         max_boxes: int = 6000,
-        pixels: int = 1200,
+        width: int = 920,
     ) -> None:
         if profile is None and isinstance(events, Trace):
             profile = events.profile
@@ -97,13 +110,14 @@ class TimelineWidget(W.VBox):  # type: ignore[misc]
         self.cols = F.EventColumns.build(events)
         self.events = self.cols.events
         self.max_boxes = max_boxes
-        self.pixels = pixels
+        self.width = width
+        self.pixels = max(100, width - 160)  # plot area: the figure less its margins
         self.color_by = color_by
         self.window: tuple[int, int] | None = None
         self.summary = F.timeline_summary(self.cols)
         self.selected: dict[str, Any] | None = None
         fig = F.timeline_figure(self.cols, color_by=color_by, profile=profile, max_boxes=max_boxes,
-                                pixels=pixels, rangeslider=True)
+                                pixels=self.pixels, rangeslider=True, width=width)
         self.figure = go.FigureWidget(fig)
         self.figure.layout.on_change(self._on_relayout, "xaxis.range")
         self._hook_clicks()
@@ -125,9 +139,6 @@ class TimelineWidget(W.VBox):  # type: ignore[misc]
         if self.dropped:
             text += f"\n(the recorder dropped {self.dropped} events: the trace is incomplete)"
         return f"TimelineWidget: {text}"
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(repr(self))
 
     # -- drawing -------------------------------------------------------------------------------
     def _summary_html(self) -> str:
@@ -152,7 +163,7 @@ class TimelineWidget(W.VBox):  # type: ignore[misc]
         """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode."""
         self.window = window
         fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
-                                pixels=self.pixels, window=window, rangeslider=True)
+                                pixels=self.pixels, window=window, rangeslider=True, width=self.width)
         with self.figure.batch_update():
             self.figure.data = []
             self.figure.add_traces(list(fig.data))
@@ -184,7 +195,7 @@ class TimelineWidget(W.VBox):  # type: ignore[misc]
         if not points.point_inds:
             return
         i = points.point_inds[0]
-        seq, index = (int(v) for v in trace.customdata[i])
+        _seq, index = (int(v) for v in trace.customdata[i])
         self.select(index, text=trace.hovertext[i] if index < 0 else None)
 
     def select(self, index: int, *, text: str | None = None) -> dict[str, Any]:
@@ -217,7 +228,7 @@ class TimelineWidget(W.VBox):  # type: ignore[misc]
         return self.selected
 
 
-class MemoryWidget(W.VBox):  # type: ignore[misc]
+class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
     """Allocator history and state: what ``%neuron_memory`` shows, read from a ``_snapshot()`` dict."""
 
     def __init__(self, snapshot: Mapping[str, Any], *, device: int = 0, top: int = 10) -> None:
@@ -269,9 +280,6 @@ class MemoryWidget(W.VBox):  # type: ignore[misc]
             lines.append(f"  {F._fmt_bytes(r['size']):>12}  {r['source']}")
         return "MemoryWidget:\n" + "\n".join(lines)
 
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(repr(self))
-
 
 def _highlight(code: str) -> str:
     try:
@@ -283,7 +291,7 @@ def _highlight(code: str) -> str:
     return str(highlight(code, PythonLexer(), HtmlFormatter(noclasses=True)))
 
 
-class SubgraphWidget(W.VBox):  # type: ignore[misc]
+class SubgraphWidget(_TextFallback, W.VBox):  # type: ignore[misc]
     """Compiled subgraphs (pick one: FX code, kernels, guards) and graph breaks with reasons."""
 
     def __init__(self, records: Iterable[Any], breaks: Iterable[Any] = ()) -> None:
@@ -315,6 +323,3 @@ class SubgraphWidget(W.VBox):  # type: ignore[misc]
                  f"{r['calls']} calls" for r in self.rows]
         lines += [f"graph break at {b['location']}: {b['reason']}" for b in self.breaks]
         return "SubgraphWidget:\n" + ("\n".join(lines) or "(nothing compiled)")
-
-    def _repr_pretty_(self, p: Any, cycle: bool) -> None:
-        p.text(repr(self))
