@@ -67,7 +67,9 @@ DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_STARTUP_TIMEOUT_S = 600.0
 DEFAULT_WORKERS = 2
 DEFAULT_CHUNKS_PER_WORKER = 4
-DTYPE = torch.float32
+# float32 is the bar of issue 2; TORCHNEURON_LAB_OPINFO_DTYPE (e.g. float64, int64) sweeps another dtype
+# (children inherit the environment). Tolerances stay the float32 defaults unless the op overrides them.
+DTYPE = getattr(torch, os.environ.get("TORCHNEURON_LAB_OPINFO_DTYPE", "float32"))
 # torch.testing.assert_close defaults for float32.
 DEFAULT_RTOL = 1.3e-6
 DEFAULT_ATOL = 1e-5
@@ -236,7 +238,12 @@ def _move_tensor(t: torch.Tensor, device: str, memo: dict[Any, Any]) -> torch.Te
         with torch.no_grad():
             flat = torch.empty(0, dtype=t.dtype).set_(storage, 0, (nbytes // itemsize,), (1,))
             memo[key] = flat.to(device, copy=True)
-    return memo[key].as_strided(t.shape, t.stride(), t.storage_offset())
+    view = memo[key].as_strided(t.shape, t.stride(), t.storage_offset())
+    if t.is_conj():  # the storage copy holds the un-conjugated bytes: keep the math bits of the view
+        view = view.conj()
+    if t.is_neg():
+        view = view._neg_view()
+    return view
 
 
 def to_device(obj: Any, device: str, memo: dict[Any, Any] | None = None) -> Any:
