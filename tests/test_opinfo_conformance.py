@@ -219,3 +219,20 @@ def test_op_classification_rules():
     assert sweep.chunk_of(list(range(7)), 1, 3) == [1, 4]
     json_path, md_path = sweep.report_paths("/x/y/opinfo_neuron.md", "neuron")
     assert (str(json_path), str(md_path)) == ("/x/y/opinfo_neuron.json", "/x/y/opinfo_neuron.md")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float64", "int64", "complex64", "bool"])
+def test_opinfo_conformance_neuron_other_dtypes(tmp_path, monkeypatch, dtype):
+    """Beyond the float32 bar: the same sweep on other dtypes (children read the dtype from the env)."""
+    monkeypatch.setenv("TORCHNEURON_LAB_OPINFO_DTYPE", dtype)
+    cfg = sweep.SweepConfig(device="neuron", workers=2, preload=["torchneuron_lab"])
+    report = sweep.run_sweep(cfg)
+    _, md_path = sweep.write_report(report, _report_stem(tmp_path, f"neuron_{dtype}"))
+    print(dtype, report["summary_line"], f"(report {md_path})")
+    summary = report["summary"]
+    assert summary["crash"] == 0
+    assert summary["pass"] >= 300  # the sweep really ran this dtype
+    failing = [f"{r['op']} [{r['status']}]: {r['message'][:200]}" for r in report["results"]
+               if r["status"] in ("fail", "error")]
+    assert summary["pass_rate"] is not None and summary["pass_rate"] >= 99.0, "\n".join(failing[:40])
