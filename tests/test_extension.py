@@ -33,6 +33,20 @@ def ip() -> Iterator[Any]:
     yield shell
     with capture_output():
         shell.run_line_magic("unload_ext", "torchneuron_lab")
+    # leave no device memory behind for later test modules (they assert exact allocator deltas)
+    import gc
+
+    import torch
+
+    keep = {"__name__", "__builtins__", "__builtin__"}
+    for name in [n for n in shell.user_ns if n not in keep and not n.startswith("_i")]:
+        shell.user_ns.pop(name, None)
+    for name in ("_", "__", "___", "_neuron_profile", "last_type", "last_value", "last_traceback", "last_exc"):
+        shell.user_ns.pop(name, None)
+    shell.history_manager.output_hist.clear()
+    shell.displayhook.flush()
+    gc.collect()
+    torch.neuron.empty_cache()
 
 
 def run(ip: Any, code: str) -> Any:
@@ -267,6 +281,136 @@ def test_mimebundles_have_html_and_plain_text(ip: Any) -> None:
         assert obj._repr_html_().startswith("<")
 
 
+# --------------------------------------------------------------------------- widgets from the magics
+
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def _bundles(cap: Any) -> list[dict[str, Any]]:
+    return [dict(o.data) for o in cap.outputs]
+
+
+def test_profile_widget_by_data(ip: Any) -> None:
+    pytest.importorskip("anywidget")
+    import plotly.graph_objects as go
+
+    from torchneuron_lab.extension.magics import widget_front_end
+    from torchneuron_lab.widgets import TimelineWidget
+    from torchneuron_lab.widgets.figures import lane_label
+
+    assert not widget_front_end(ip)  # a plain InteractiveShell: the widget only when asked
+    run(ip, "qa = torch.ones(8, 8, device='neuron')\nqb = torch.ones(8, 8, device='neuron')")
+    with capture_output() as cap:
+        ip.run_cell("%%neuron_profile\nwq = qa + qb", store_history=True)
+    assert not any(WIDGET_MIME in b for b in _bundles(cap))
+    with capture_output() as cap:
+        r = run(ip, "%%neuron_profile -o --widget\nwr = qa + qb\n(wr * 2).sum().item()")
+    bundles = _bundles(cap)
+    assert bundles[0]["text/plain"] == "256.0"  # the cell's value, then the timeline, then the tables
+    assert WIDGET_MIME in bundles[1] and bundles[1]["text/plain"].startswith("TimelineWidget: ")
+    assert bundles[2]["text/plain"].startswith("neuron_profile: 3 kernels")
+    prof = ip.user_ns["_neuron_profile"]
+    assert r.result is None or r.result is prof
+    w = prof.widget()
+    assert isinstance(w, TimelineWidget) and w is prof.widget()  # the displayed one, built once
+    assert isinstance(w.figure, go.FigureWidget)
+    meta = w.figure.layout.meta
+    assert meta["num_events"] == len(prof.events) == 5  # 3 kernels, 1 transfer, 1 host sync
+    assert lane_label(0, "vector") in meta["lanes"] and "host" in meta["lanes"]
+    assert w.summary["syncs"] == prof.count("sync") == 1
+    assert "sync" in w.summary_bar.value and "time per engine" in w.summary_bar.value
+    fig = prof.timeline_figure()
+    assert type(fig) is go.Figure and fig.layout.meta["lanes"] == meta["lanes"]
+    assert fig.layout.meta["num_events"] == 5
+    assert prof.memory_widget() is None  # no --memory
+
+
+def test_profile_memory_widget_peak_and_history_restored(ip: Any) -> None:
+    pytest.importorskip("anywidget")
+    from torchneuron_lab.widgets import MemoryWidget
+
+    mem = torch.neuron.memory
+    assert mem._history_state()["enabled"] is None
+    with capture_output() as cap:
+        run(ip, "%%neuron_profile --widget --memory\n"
+                "mw = torch.zeros(1 << 20, dtype=torch.uint8, device='neuron')\n"
+                "del mw")
+    bundles = _bundles(cap)
+    assert [WIDGET_MIME in b for b in bundles] == [True, False, True]  # timeline, tables, memory
+    assert bundles[2]["text/plain"].startswith("MemoryWidget:")
+    prof = ip.user_ns["_neuron_profile"]
+    mw = prof.memory_widget()
+    assert isinstance(mw, MemoryWidget)
+    peak = mw.timeline["peak_allocated"]
+    assert peak == torch.neuron.max_memory_allocated(0) == prof.memory[0]["peak"]
+    assert peak - prof.memory[0]["before"] == 1 << 20
+    assert mw.timeline["actions"].count("alloc") >= 1 and "free_completed" in mw.timeline["actions"]
+    assert mem._history_state()["enabled"] is None  # restored: off again, as before the cell
+    assert not any(mem._snapshot()["device_traces"])
+
+    # history already on: it stays on, and the widget holds the cell's entries only
+    mem._record_memory_history("all", context="all")
+    try:
+        run(ip, "mx = torch.empty(4096, dtype=torch.uint8, device='neuron')\ndel mx")
+        res = ip.run_cell_magic("neuron_profile", "-q -o --memory",
+                                "my = torch.empty(2 << 20, dtype=torch.uint8, device='neuron')\ndel my")
+        assert mem._history_state()["enabled"] == "all"
+        entries = res.memory_snapshot["device_traces"][0]
+        assert [e["size"] for e in entries if e["action"] == "alloc"] == [2 << 20]
+        assert res.memory_widget().timeline["peak_allocated"] - res.memory[0]["before"] == 2 << 20
+    finally:
+        mem._record_memory_history(None)
+
+
+def test_memory_and_subgraph_widgets(ip: Any) -> None:
+    pytest.importorskip("anywidget")
+    from torchneuron_lab.widgets import MemoryWidget, SubgraphWidget
+
+    with capture_output() as cap:
+        magic(ip, "neuron_memory --widget")  # no history: the tables only
+    assert len(cap.outputs) == 1 and WIDGET_MIME not in cap.outputs[0].data
+    mem = torch.neuron.memory
+    mem._record_memory_history("all", context="all")
+    try:
+        run(ip, "mz = torch.empty(1 << 16, dtype=torch.uint8, device='neuron')")
+        with capture_output() as cap:
+            res = magic(ip, "neuron_memory -o --widget")
+        bundles = _bundles(cap)
+        assert len(bundles) == 2 and WIDGET_MIME not in bundles[0] and WIDGET_MIME in bundles[1]
+        assert res.has_history and isinstance(res.widget(), MemoryWidget)
+        assert res.widget().timeline["allocated"][-1] == res.allocated
+        with capture_output() as cap:
+            magic(ip, "neuron_memory --no-widget")
+        assert len(cap.outputs) == 1
+    finally:
+        mem._record_memory_history(None)
+        run(ip, "del mz")
+    run(ip, "sgx = torch.ones(4, device='neuron')\n@torch.compile(backend='neuron')\ndef sgf(t):\n"
+            "    return t * 3 + 1\nsgf(sgx)")
+    gid = magic(ip, "neuron_subgraphs -q -o").records[-1]["id"]
+    with capture_output() as cap:
+        one = magic(ip, f"neuron_subgraphs -o --widget {gid}")
+    bundles = _bundles(cap)
+    assert WIDGET_MIME in bundles[-1] and bundles[-1]["text/plain"].startswith("SubgraphWidget:")
+    sw = one.widget()
+    assert isinstance(sw, SubgraphWidget) and [r["id"] for r in sw.rows] == [gid]
+    assert "aten" in sw.detail.value or "mul" in sw.detail.value
+    with capture_output() as cap:
+        magic(ip, "neuron_subgraphs --widget")  # the list: tables only
+    assert not any(WIDGET_MIME in b for b in _bundles(cap))
+
+
+def test_widget_flags_bad_input(ip: Any) -> None:
+    with pytest.raises(UsageError, match="exclude each other"):
+        ip.run_cell_magic("neuron_profile", "--widget --no-widget", "pass")
+    with pytest.raises(UsageError, match="unrecognized arguments: --widgets"):
+        ip.run_cell_magic("neuron_profile", "--widgets", "pass")
+    with pytest.raises(UsageError, match="exclude each other"):
+        magic(ip, "neuron_memory --widget --no-widget")
+    assert not recorder.is_recording()
+    assert torch.neuron.memory._history_state()["enabled"] is None
+
+
 # --------------------------------------------------------------------------- %neuron_watch
 
 
@@ -309,6 +453,7 @@ def test_notebook_through_a_jupyter_kernel(tmp_path: Path) -> None:
         "%neuron_placement x",
         "%%neuron_profile\ny = x @ x\ny.sum().item()",
         "%neuron_memory",
+        "%%neuron_profile --memory\nz = torch.zeros(1 << 22, dtype=torch.uint8, device='neuron')\ndel z",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
@@ -324,4 +469,12 @@ def test_notebook_through_a_jupyter_kernel(tmp_path: Path) -> None:
         assert bundles and "text/html" in bundles[-1] and "text/plain" in bundles[-1], outs[i]
     assert "neuron_profile: 1 kernels" in outs[3][-1]["data"]["text/plain"] or any(
         "neuron_profile:" in o.get("data", {}).get("text/plain", "") for o in outs[3])
+    # a real kernel has a widget front-end: the timeline widget comes before the tables
+    views = [o["data"] for o in outs[3] if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert len(views) == 1 and views[0]["text/plain"].startswith("TimelineWidget: ")
+    assert views[0]["application/vnd.jupyter.widget-view+json"]["model_id"]
+    assert not any(o["output_type"] == "error" for c in outs for o in c), outs
+    mem_views = [o["data"] for o in outs[5] if "application/vnd.jupyter.widget-view+json" in o.get("data", {})]
+    assert [v["text/plain"].split(":")[0] for v in mem_views] == ["TimelineWidget", "MemoryWidget"], outs[5]
+    assert "peak allocated 4.00 MiB" in mem_views[1]["text/plain"]
     assert list(tmp_path.iterdir()) == []

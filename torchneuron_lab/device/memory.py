@@ -390,6 +390,14 @@ def memory_summary(device: Device = None, abbreviated: bool = False) -> str:
 _HISTORY_ENABLED = ("state", "all")
 _HISTORY_CONTEXT = ("state", "alloc", "all")
 _HISTORY_STACKS = ("python", "all")
+# the arguments of the last ``_record_memory_history`` call, so a caller can restore the previous state
+_HISTORY_STATE: dict[str, Any] = {"enabled": None, "context": None, "max_entries": sys.maxsize}
+
+
+def _history_state() -> dict[str, Any]:
+    """``{"enabled", "context", "max_entries"}`` of the allocator history recording now (enabled None:
+    off); pass them back to :func:`_record_memory_history` to restore it."""
+    return dict(_HISTORY_STATE)
 
 
 def _record_memory_history(
@@ -446,6 +454,8 @@ def _record_memory_history(
         _device_index(device)
     entries = min(max_entries, 2**63 - 1) if enabled == "all" else 1
     _lib().record_memory_history(enabled is not None, context is not None, entries)
+    _HISTORY_STATE.update(enabled=enabled, context=None if enabled is None else context,
+                          max_entries=max_entries)
 
 
 def _snapshot(device: Device = None) -> Snapshot:

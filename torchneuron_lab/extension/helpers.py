@@ -313,7 +313,7 @@ def memory(device: int | None, segments: bool, history: bool, reset_peak: bool, 
     return MemoryResult(
         device=d, stats=stats, capacity=int(lib().capacity(d)), top_allocations=top_rows, segments=seg_rows,
         fragmentation=(reserved - allocated) / reserved if reserved else 0.0, largest_free_block=largest,
-        history=hist, last_oom=oom, notes=notes,
+        history=hist, last_oom=oom, notes=notes, snapshot=dict(snap),
     )
 
 
@@ -341,20 +341,32 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
                  ) -> tuple[ProfileResult, Any, BaseException | None]:
     """Run ``run()`` with the recorder on (stacks included); the recorder is stopped even if it raises.
 
+    With ``memory_peak`` the peak statistics are reset first and allocator history recording is on
+    during the cell (the previous recording state is restored afterwards); ``result.memory_snapshot``
+    then holds the allocator snapshot with the cell's history only.
+
     Returns ``(result, value of the cell's last expression, exception or None)``: the cell's exception
     is not raised here; it is described in ``result.error``.
     """
 
     from ..compiler import capture, registry
+    from ..device import memory as mem
     from ..device import recorder
     from ..tracing import summarize
 
+    marks: list[int] = []
+    turned_on = False
+    prev_history = mem._history_state()
     if memory_peak:
-        from ..device import memory as mem
         from ..device._backend import lib
 
         for d in range(int(lib().device_count())):
             mem.reset_peak_memory_stats(d)
+        if prev_history["enabled"] == "all" and prev_history["context"] is not None:
+            marks = [len(t) for t in mem._snapshot().get("device_traces", [])]  # keep the cell's entries only
+        else:
+            mem._record_memory_history("all", context="all")
+            turned_on = True
     before = _memory_now()
     n_graphs = len(registry.records())
     n_breaks = len(capture.graph_breaks())
@@ -370,6 +382,17 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
         recorder.stop()
         trace = recorder.read()
         recorder.clear()
+        snapshot: dict[str, Any] | None = None
+        if memory_peak:
+            try:
+                snapshot = dict(mem._snapshot())
+                traces: list[Any] = list(snapshot.get("device_traces") or [])
+                snapshot["device_traces"] = [t[marks[i]:] if i < len(marks) and marks[i] <= len(t) else t
+                                             for i, t in enumerate(traces)]
+            finally:
+                if turned_on:  # we turned it on: restore what was there before
+                    mem._record_memory_history(prev_history["enabled"], context=prev_history["context"],
+                                               max_entries=prev_history["max_entries"])
     after = _memory_now()
     memory = {d: {"before": before.get(d, (0, 0))[0], "after": a, "peak": p} for d, (a, p) in after.items()
            if a or p or before.get(d, (0, 0))[0]}
@@ -377,7 +400,7 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
         trace=trace, summary=summarize(trace.events, k=None), top=top, memory=memory,
         new_subgraphs=[r.id for r in registry.records()[n_graphs:]],
         graph_breaks=[{"location": b.location, "reason": b.reason} for b in capture.graph_breaks()[n_breaks:]],
-        error=None if error is None else f"{type(error).__name__}: {error}",
+        error=None if error is None else f"{type(error).__name__}: {error}", memory_snapshot=snapshot,
     )
     return res, value, error
 

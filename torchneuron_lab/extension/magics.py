@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import shlex
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -38,8 +39,30 @@ def _show(result: Any, args: Any) -> Any:
     return result if args.output else None
 
 
+def widget_front_end(shell: Any) -> bool:
+    """Whether ``shell`` is a Jupyter kernel (ipykernel's ZMQ shell), whose front-end can show widgets."""
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+    except ImportError:  # pragma: no cover - a broken ipykernel
+        return False
+    return isinstance(shell, ZMQInteractiveShell)
+
+
 _common = [argument("-q", "--quiet", action="store_true", help="do not display the result"),
            argument("-o", "--output", action="store_true", help="return the result object")]
+_widget_flags = [
+    argument("--widget", action="store_true",
+             help="display the interactive widget too (default: only in a Jupyter kernel)"),
+    argument("--no-widget", action="store_true", help="never display the widget, only the tables"),
+]
+
+
+def _with_widget_flags(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for deco in reversed(_widget_flags):
+        fn = deco(fn)
+    return fn
 
 
 def _with_common(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -65,6 +88,27 @@ class NeuronMagics(Magics):
         """Register ``text`` with IPython's compiler under the running cell's number; its filename."""
         name: str = self.shell.compile.cache(text, self.shell.execution_count, raw_code=text)
         return name
+
+    def _wants_widget(self, magic: Callable[..., Any], args: Any) -> bool:
+        if args.widget and args.no_widget:
+            raise _usage(magic, "--widget and --no-widget exclude each other")
+        if args.quiet or args.no_widget:
+            return False
+        return bool(args.widget) or widget_front_end(self.shell)
+
+    def _show_widget(self, magic: Callable[..., Any], args: Any, make: Callable[[], Any]) -> None:
+        """Display ``make()`` (a widget, or None for nothing to show). Without plotly/ipywidgets/anywidget
+        the text summary stands alone; with ``--widget`` that is a ``UsageError``."""
+        try:
+            w = make()
+        except ImportError as e:
+            if args.widget:
+                raise _usage(magic, f"the widgets need plotly, ipywidgets and anywidget: {e}") from None
+            return
+        if w is not None:
+            from IPython.display import display
+
+            display(w)
 
     def _magic_line(self, needle: str) -> int:
         """The line of the running cell that holds ``needle`` (1 when not found)."""
@@ -132,17 +176,23 @@ class NeuronMagics(Magics):
     @argument("--code", action="store_true", help="show the graph's FX code")
     @argument("--kernels", action="store_true", help="list the graph's kernels")
     @argument("--clear", action="store_true", help="forget every record (compiled code keeps running)")
+    @_with_widget_flags
     @_with_common
     @line_magic
     def neuron_subgraphs(self, line: str = "") -> Any:
         """The JIT's subgraph registry: every compiled graph, or one graph's FX code, guards, kernels,
-        compile-time split, calls and fallbacks."""
+        compile-time split, calls and fallbacks. For one graph, a Jupyter kernel also shows the
+        SubgraphWidget (FX code highlighted, kernels, guards)."""
         args = _parse(self.neuron_subgraphs, line)
+        wants = self._wants_widget(self.neuron_subgraphs, args)
         try:
             res = helpers.subgraphs(args.id, args.code, args.kernels, args.clear)
         except helpers.LabInputError as e:
             raise _usage(self.neuron_subgraphs, str(e)) from None
-        return _show(res, args)
+        out = _show(res, args)
+        if wants and res.detail is not None:
+            self._show_widget(self.neuron_subgraphs, args, res.widget)
+        return out
 
     # -- %neuron_memory -----------------------------------------------------------------------------
     @magic_arguments()
@@ -153,12 +203,15 @@ class NeuronMagics(Magics):
     @argument("--reset-peak", action="store_true", help="reset the peak statistics afterwards")
     @argument("--snapshot", metavar="FILE", default=None,
               help="write the allocator snapshot (pickle, for pytorch.org/memory_viz) to FILE")
+    @_with_widget_flags
     @_with_common
     @line_magic
     def neuron_memory(self, line: str = "") -> Any:
         """Allocator state: stats, top live allocations by source line, segments, fragmentation, and
-        after an out-of-memory error the state at that moment and why it failed."""
+        after an out-of-memory error the state at that moment and why it failed. When allocator
+        history exists, a Jupyter kernel also shows the MemoryWidget under the tables."""
         args = _parse(self.neuron_memory, line)
+        wants = self._wants_widget(self.neuron_memory, args)
         try:
             res = helpers.memory(args.device, args.segments, args.history, args.reset_peak, args.snapshot,
                                  self.mapper)
@@ -166,22 +219,32 @@ class NeuronMagics(Magics):
             raise _usage(self.neuron_memory, str(e)) from None
         except OSError as e:
             raise _usage(self.neuron_memory, f"cannot write the snapshot: {e}") from None
-        return _show(res, args)
+        out = _show(res, args)
+        if wants:
+            self._show_widget(self.neuron_memory, args, res.widget)
+        return out
 
     # -- %%neuron_profile ---------------------------------------------------------------------------
     @magic_arguments()
     @argument("--compile", action="store_true", help="also list compile events (graphs, graph breaks)")
-    @argument("--memory", action="store_true", help="reset peak memory first, so the peak is the cell's")
+    @argument("--memory", action="store_true",
+              help="reset peak memory first (the peak is the cell's) and record allocator history during the "
+                   "cell for the memory widget")
     @argument("--record-shapes", action="store_true", help="record input shapes and dtypes of each kernel")
     @argument("-k", "--top", type=int, default=10, help="kernels to list (default 10)")
     @argument("-T", "--export", metavar="FILE", default=None, help="write the events as Chrome trace JSON")
+    @_with_widget_flags
     @_with_common
     @cell_magic
     def neuron_profile(self, line: str = "", cell: str = "") -> Any:
         """Run the cell with the device recorder on; show time by engine, top kernels, host syncs and
-        transfers with their cell lines, new op signatures and memory. The result is stored as
-        ``_neuron_profile`` (events as plain data: ``.to_dataframe()``, ``.to_chrome_trace()``)."""
+        transfers with their cell lines, new op signatures and memory. In a Jupyter kernel the
+        interactive kernel timeline (TimelineWidget) is shown above the tables, and with ``--memory``
+        the MemoryWidget below them. The result is stored as ``_neuron_profile`` (events as plain data:
+        ``.to_dataframe()``, ``.to_chrome_trace()``; ``.timeline_figure()``, ``.widget()``,
+        ``.memory_widget()``)."""
         args = _parse(self.neuron_profile, line)
+        wants = self._wants_widget(self.neuron_profile, args)
         if args.top < 0:
             raise _usage(self.neuron_profile, f"--top must be >= 0, got {args.top}")
         filename = self._cell_filename(f"%%neuron_profile {line}\n{cell}")
@@ -206,7 +269,12 @@ class NeuronMagics(Magics):
             from IPython.display import display
 
             display(value)
-        return _show(res, args)
+        if wants and res.events:
+            self._show_widget(self.neuron_profile, args, res.widget)
+        out = _show(res, args)
+        if wants and args.memory:
+            self._show_widget(self.neuron_profile, args, res.memory_widget)
+        return out
 
     # -- %neuron_watch ------------------------------------------------------------------------------
     @magic_arguments()

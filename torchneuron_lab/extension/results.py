@@ -237,6 +237,19 @@ class SubgraphsResult(_Rich):
 
     _HEAD = ("id", "kind", "name", "ops", "kernels", "calls", "compile", "fallbacks")
 
+    def widget(self) -> Any:
+        """A :class:`~torchneuron_lab.widgets.SubgraphWidget`: the one graph in detail, or every listed
+        graph (full registry records) with the graph breaks recorded so far."""
+        from ..widgets.timeline import SubgraphWidget
+
+        if self.detail is not None:
+            return SubgraphWidget([self.detail])
+        from ..compiler import capture, registry
+
+        recs = {r.id: r for r in registry.records()}
+        return SubgraphWidget([recs[r["id"]].as_dict() for r in self.records if r["id"] in recs],
+                              [b.as_dict() if hasattr(b, "as_dict") else b for b in capture.graph_breaks()])
+
     def _cells(self) -> list[list[Any]]:
         return [[r["id"], r["kind"], r["name"], r["ops"], r["kernels"], r["calls"],
                  f"{r['compile_ms']:.1f} ms", ", ".join(r["fallbacks"])] for r in self.records]
@@ -317,6 +330,21 @@ class MemoryResult(_Rich):
     history: list[dict[str, Any]] = field(default_factory=list)
     last_oom: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    snapshot: dict[str, Any] | None = None
+
+    @property
+    def has_history(self) -> bool:
+        """Whether the snapshot holds allocator history (``device_traces``) for this device."""
+        traces = (self.snapshot or {}).get("device_traces") or []
+        return self.device < len(traces) and bool(traces[self.device])
+
+    def widget(self) -> Any:
+        """A :class:`~torchneuron_lab.widgets.MemoryWidget` over the snapshot, or None without history."""
+        if not self.has_history:
+            return None
+        from ..widgets.timeline import MemoryWidget
+
+        return MemoryWidget(self.snapshot or {}, device=self.device)
 
     def stat(self, key: str) -> int:
         return int(self.stats.get(key, 0))
@@ -431,6 +459,43 @@ class ProfileResult(_Rich):
     graph_breaks: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
     exported: str | None = None
+    memory_snapshot: dict[str, Any] | None = None
+    _widgets: dict[str, Any] = field(default_factory=dict, init=False, compare=False)
+
+    def timeline_figure(self, **kwargs: Any) -> Any:
+        """The kernel timeline as a plain ``plotly.graph_objects.Figure``
+        (:func:`torchneuron_lab.widgets.figures.timeline_figure`; keyword arguments are passed on)."""
+        from ..widgets import figures
+
+        return figures.timeline_figure(self.trace, **kwargs)
+
+    def widget(self) -> Any:
+        """The interactive :class:`~torchneuron_lab.widgets.TimelineWidget` (summary bar, timeline,
+        details panel); built once, the same object on each call."""
+        if "timeline" not in self._widgets:
+            from ..widgets.timeline import TimelineWidget
+
+            self._widgets["timeline"] = TimelineWidget(self.trace)
+        return self._widgets["timeline"]
+
+    @property
+    def memory_device(self) -> int:
+        """The device whose allocator history the memory widget maps (the first one with history)."""
+        for d, t in enumerate((self.memory_snapshot or {}).get("device_traces") or []):
+            if t:
+                return d
+        return 0
+
+    def memory_widget(self) -> Any:
+        """A :class:`~torchneuron_lab.widgets.MemoryWidget` over the cell's allocator history
+        (``--memory``), or None without it; built once."""
+        if self.memory_snapshot is None:
+            return None
+        if "memory" not in self._widgets:
+            from ..widgets.timeline import MemoryWidget
+
+            self._widgets["memory"] = MemoryWidget(self.memory_snapshot, device=self.memory_device)
+        return self._widgets["memory"]
 
     @property
     def events(self) -> list[Any]:
