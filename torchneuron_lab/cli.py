@@ -2,17 +2,25 @@
 
 - ``torchneuron-lab info``  devices, profile, capacity, build status of the C++ core, versions.
 - ``torchneuron-lab demo``  the main job on the embedded emulated device: trains a small model on
-  ``neuron`` with the kernel recorder on, prints the allocator state and a kernel summary, and
-  writes a Chrome/Perfetto trace and the memory snapshot to a directory it prints.
+  ``neuron`` with the kernel recorder on, prints the allocator state and a kernel summary, writes a
+  Chrome/Perfetto trace and the memory snapshot, then runs the bundled quickstart notebook headless
+  (nbclient) and writes it as one self-contained, offline HTML report; prints the paths.
+- ``torchneuron-lab profile script.py [args...] [-o report.html] [--trace trace.json]``  runs a plain
+  Python script with the kernel recorder on and prints the ``%%neuron_profile`` summary; writes the
+  timeline figure (offline HTML) and the Chrome trace when asked. Script arguments that start with ``-``
+  go after ``--``. A failing script prints its traceback and exits non-zero.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
+import runpy
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 
@@ -80,7 +88,116 @@ def _demo(args: argparse.Namespace) -> int:
     (out / "summary.json").write_text(json.dumps(summary, default=str, indent=1))
     print(f"wrote {trace_path} (open in Perfetto / chrome://tracing), {snap_path} (pytorch.org/memory_viz), "
           f"{out / 'summary.json'}")
+    if args.no_report:
+        return 0
+    print("\nrunning the quickstart notebook headless ...", flush=True)
+    t0 = time.perf_counter()
+    try:
+        report = run_notebook_report(QUICKSTART, out / "quickstart_report.html", cwd=out)
+    except Exception as e:  # noqa: BLE001 - a cell error: say which, keep the outputs written so far
+        print(f"the quickstart notebook failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    print(f"wrote the HTML report {report} ({time.perf_counter() - t0:.1f} s)")
     return 0
+
+
+QUICKSTART = "01_quickstart.ipynb"
+_CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
+_REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=[\"']https?://[^>]*>\s*</script>", re.IGNORECASE)
+
+
+def bundled_notebook(name: str) -> Path:
+    """Path of a notebook shipped inside the package (``torchneuron_lab/notebooks``)."""
+    from importlib import resources
+
+    path = Path(str(resources.files("torchneuron_lab.notebooks") / name))
+    if not path.is_file():
+        raise FileNotFoundError(f"notebook {name} is not bundled with this installation ({path})")
+    return path
+
+
+def run_notebook_report(name: str, html_path: Path, *, cwd: Path, timeout: int = 300) -> Path:
+    """Execute a bundled notebook in a fresh python3 kernel and write it as self-contained HTML.
+
+    The figures are in the notebook as static HTML with plotly.js inlined; remote ``<script src>`` tags of
+    the nbconvert template (require.js, MathJax, the widget manager) are dropped, so the report loads
+    nothing from the network.
+    """
+    import nbformat
+    from nbclient import NotebookClient
+    from nbconvert import HTMLExporter
+
+    nb = nbformat.read(bundled_notebook(name), as_version=4)
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
+                   resources={"metadata": {"path": str(cwd)}}).execute()
+    exporter = HTMLExporter(embed_images=True)
+    body, _ = exporter.from_notebook_node(nb)
+    body = _REMOTE_SCRIPT.sub("", body).replace(_CDN_TOPOJSON, '"topojson/"')
+    html_path.write_text(body, encoding="utf-8")
+    return html_path
+
+
+def _user_traceback(exc: BaseException, script: Path) -> str:
+    """The exception's traceback from the script's first frame on (the lab's own frames dropped)."""
+    tb = exc.__traceback__
+    target = str(script.resolve())
+    while tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()) != target:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__))
+
+
+def _profile(args: argparse.Namespace) -> int:
+    script = Path(args.script)
+    if not script.is_file():
+        print(f"torchneuron-lab profile: error: no such script: {script}", file=sys.stderr)
+        return 2
+    if args.top < 0:
+        print(f"torchneuron-lab profile: error: --top must be >= 0, got {args.top}", file=sys.stderr)
+        return 2
+
+    import torchneuron_lab  # noqa: F401  (registers the device)
+    from torchneuron_lab.extension.helpers import profile_cell
+
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [str(script), *args.args]
+    sys.path.insert(0, str(script.resolve().parent))  # as ``python script.py`` does
+    exit_code = 0
+
+    def run() -> None:
+        runpy.run_path(str(script), run_name="__main__")
+
+    try:
+        res, _, error = profile_cell(run, record_shapes=args.record_shapes, memory_peak=True, top=args.top)
+    finally:
+        sys.argv, sys.path[:] = saved_argv, saved_path
+    sys.stdout.flush()
+    if isinstance(error, SystemExit):
+        code = error.code
+        exit_code = code if isinstance(code, int) else (0 if code is None else 1)
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+        if exit_code == 0:
+            res.error = None
+    elif isinstance(error, KeyboardInterrupt):
+        exit_code = 130
+    elif error is not None:
+        sys.stderr.write(_user_traceback(error, script))
+        exit_code = 1
+    try:
+        if args.trace:
+            res.export(args.trace)
+        print(res)
+        if args.output:
+            from torchneuron_lab.widgets import save_html, timeline_figure
+
+            fig = timeline_figure(res.trace, title=f"{script.name}: kernel timeline")
+            written = save_html(fig, args.output, title=f"torchneuron-lab profile {script.name}")
+            print(f"  timeline figure written to {written}")
+    except OSError as e:
+        print(f"torchneuron-lab profile: cannot write the output: {e}", file=sys.stderr)
+        return exit_code or 1
+    sys.stdout.flush()
+    return exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,9 +206,23 @@ def main(argv: list[str] | None = None) -> int:
     p_info = sub.add_parser("info", help="devices, profile, capacity, C++ core build status, versions")
     p_info.set_defaults(fn=_info)
     p_demo = sub.add_parser("demo", help="run the main job on the emulated device and write its trace")
-    p_demo.add_argument("-o", "--output", help="directory for the trace and snapshot (default: a new temp dir)")
+    p_demo.add_argument("-o", "--output",
+                        help="directory for the trace, snapshot and HTML report (default: a new temp dir)")
     p_demo.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    p_demo.add_argument("--no-report", action="store_true",
+                        help="skip the notebook HTML report (trace and snapshot only)")
     p_demo.set_defaults(fn=_demo)
+    p_prof = sub.add_parser(
+        "profile", help="run a Python script with the kernel recorder on and print the profile summary",
+        description="Run a Python script on the emulated neuron device with the kernel recorder on (like "
+                    "%%%%neuron_profile) and print the summary. Script arguments that start with '-' go after '--'.")
+    p_prof.add_argument("script", help="the Python script to run (as __main__, with sys.argv set)")
+    p_prof.add_argument("args", nargs="*", help="arguments passed to the script")
+    p_prof.add_argument("-o", "--output", metavar="REPORT.html", help="write the timeline figure as offline HTML")
+    p_prof.add_argument("--trace", metavar="TRACE.json", help="write the events as Chrome/Perfetto trace JSON")
+    p_prof.add_argument("-k", "--top", type=int, default=10, help="kernels to list (default 10)")
+    p_prof.add_argument("--record-shapes", action="store_true", help="record input shapes of each kernel")
+    p_prof.set_defaults(fn=_profile)
     args = parser.parse_args(argv)
     return int(args.fn(args))
 
