@@ -39,7 +39,8 @@ def ip() -> Iterator[Any]:
     import torch
 
     keep = {"__name__", "__builtins__", "__builtin__"}
-    for name in [n for n in shell.user_ns if n not in keep and not n.startswith("_i")]:
+    # (dunder names stay: Dynamo keeps `__builtins_dict___N` there and removes it itself at exit)
+    for name in [n for n in shell.user_ns if n not in keep and not n.startswith(("_i", "__"))]:
         shell.user_ns.pop(name, None)
     for name in ("_", "__", "___", "_neuron_profile", "last_type", "last_value", "last_traceback", "last_exc"):
         shell.user_ns.pop(name, None)
