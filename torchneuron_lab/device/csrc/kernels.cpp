@@ -60,7 +60,7 @@ struct OpMeta {
   bool view_only = false;  // every return aliases an input and nothing is written: no kernel runs
   bool sync = false;       // output shape depends on device data: the host waits
   bool allow_cpu_tensors = false;
-  bool rng_without_generator = false;  // random op with no Generator argument (e.g. native_dropout)
+  bool rng_without_generator = false;  // seeded-random op with no Generator argument (e.g. native_dropout)
 };
 
 const std::unordered_set<std::string>& names_in(const char* which) {
@@ -176,9 +176,7 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
     if (!r.alias_info() || r.alias_info()->isWrite()) all_alias = false;
   }
   m.view_only = all_alias && !m.any_write;
-  m.rng_without_generator = m.gen_args.empty() &&
-                            (plain == "native_dropout" || plain == "feature_dropout" || plain == "alpha_dropout" ||
-                             plain == "feature_alpha_dropout" || plain == "dropout" || plain == "_fused_dropout");
+  m.rng_without_generator = m.gen_args.empty() && op.hasTag(at::Tag::nondeterministic_seeded);
   return m;
 }
 
@@ -272,6 +270,33 @@ struct CallState {
   int device = -1;
   bool cpu_outputs = false;
 };
+
+// Replaces a neuron tensor by a zero-copy CPU alias and remembers the pair for map_back().
+at::Tensor alias_in(CallState& cs, const at::Tensor& t, bool writable) {
+  at::Tensor a = cpu_alias(t);
+  cs.ins.push_back({t, a, a.storage().unsafeGetStorageImpl(), t.storage().data_ptr().get(), t.storage().nbytes(),
+                    writable});
+  return a;
+}
+
+// Maps a CPU result of host code back to a neuron tensor: an input's alias returns that input itself
+// (*is_input = true), a view of an input keeps the input's neuron storage, and memory allocated while
+// the code ran (a device block) is adopted in place; results sharing new storage share it afterwards.
+at::Tensor map_back(CallState& cs, const at::Tensor& t, bool* is_input = nullptr) {
+  for (const auto& in : cs.ins)
+    if (in.alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      if (is_input != nullptr) *is_input = true;
+      return in.original;
+    }
+  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  for (const auto& in : cs.ins)
+    if (in.alias_storage == st) return wrap_neuron(t, in.original.storage());
+  for (const auto& ad : cs.adopted)
+    if (ad.first == st) return wrap_neuron(t, ad.second);
+  c10::Storage ns = adopt_storage(st, cs.device);
+  cs.adopted.emplace_back(st, ns);
+  return wrap_neuron(t, std::move(ns));
+}
 
 std::string dtype_name(c10::ScalarType t) {
   std::string s = c10::toString(t);
@@ -372,10 +397,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       else if (d != cs.device)
         device_mismatch("neuron:" + std::to_string(cs.device), "neuron:" + std::to_string(d),
                         schema.arguments()[argi].name(), meta.name);
-      at::Tensor a = cpu_alias(t);
-      cs.ins.push_back({t, a, a.storage().unsafeGetStorageImpl(), t.storage().data_ptr().get(),
-                        t.storage().nbytes(), meta.write_args[argi]});
-      return a;
+      return alias_in(cs, t, meta.write_args[argi]);
     }
     if (t.is_cpu()) {
       if (t.dim() > 0 && !meta.allow_cpu_tensors && foreign_dev.empty()) {
@@ -527,20 +549,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   at::Tensor out0;
   auto back = [&](const at::Tensor& t) -> at::Tensor {
     if (!t.defined() || cs.cpu_outputs || !t.is_cpu()) return t;
-    for (const auto& in : cs.ins)
-      if (in.alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
-        if (rec) bytes_written += nbytes_of(t);
-        return in.original;
-      }
-    if (rec && !meta.view_only) bytes_written += nbytes_of(t);
-    c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-    for (const auto& in : cs.ins)
-      if (in.alias_storage == st) return wrap_neuron(t, in.original.storage());
-    for (const auto& ad : cs.adopted)
-      if (ad.first == st) return wrap_neuron(t, ad.second);
-    c10::Storage ns = adopt_storage(st, cs.device);
-    cs.adopted.emplace_back(st, ns);
-    return wrap_neuron(t, std::move(ns));
+    bool is_input = false;
+    at::Tensor r = map_back(cs, t, &is_input);
+    if (rec && (is_input || !meta.view_only)) bytes_written += nbytes_of(t);
+    return r;
   };
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
@@ -919,25 +931,12 @@ HostCall::~HostCall() { delete impl_; }
 at::Tensor HostCall::in(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != kNeuron) return t;
   TORCH_CHECK(t.device().index() == device_, "compiled graph for neuron:", device_, " got an input on ", t.device());
-  at::Tensor a = cpu_alias(t);
-  impl_->cs.ins.push_back({t, a, a.storage().unsafeGetStorageImpl(), t.storage().data_ptr().get(),
-                           t.storage().nbytes(), true});
-  return a;
+  return alias_in(impl_->cs, t, /*writable=*/true);
 }
 
 at::Tensor HostCall::out(const at::Tensor& t) {
   if (!t.defined() || !t.is_cpu()) return t;
-  CallState& cs = impl_->cs;
-  for (const auto& in : cs.ins)
-    if (in.alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return in.original;
-  c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
-  for (const auto& in : cs.ins)
-    if (in.alias_storage == st) return wrap_neuron(t, in.original.storage());
-  for (const auto& ad : cs.adopted)
-    if (ad.first == st) return wrap_neuron(t, ad.second);
-  c10::Storage ns = adopt_storage(st, device_);
-  cs.adopted.emplace_back(st, ns);
-  return wrap_neuron(t, std::move(ns));
+  return map_back(impl_->cs, t);
 }
 
 }  // namespace tnl
