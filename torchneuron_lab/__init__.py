@@ -23,15 +23,31 @@ def register_device() -> None:
 def _autoload() -> None:
     """``torch.backends`` entry point: ``import torch`` alone makes ``neuron`` available.
 
-    A failure here (no compiler, a broken build) must not make ``import torch`` itself fail: it is
-    reported as a warning, and ``import torchneuron_lab`` raises the full error.
+    A failure here (a bad ``TORCHNEURON_LAB_*`` value, no compiler, a broken build) must not make
+    ``import torch`` itself fail: it is reported as a warning, and a later ``import torchneuron_lab``
+    raises the full error (the package is dropped from ``sys.modules`` so that the import runs again).
     """
     try:
         register_device()
     except Exception as e:  # noqa: BLE001 - reported, and re-raised by an explicit import
+        import sys
         import warnings
 
-        warnings.warn(f"torchneuron_lab: the neuron device could not be registered: {e}", stacklevel=2)
+        sys.modules.pop(__name__, None)
+        warnings.warn(
+            f"torchneuron_lab: the neuron device could not be registered ({type(e).__name__}: {e}); "
+            "torch works without it, `import torchneuron_lab` shows the error",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+
+
+def _torch_is_importing() -> bool:
+    """True while ``import torch`` is still executing (the ``torch.backends`` autoload calls us then)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    return bool(getattr(getattr(torch, "__spec__", None), "_initializing", False))
 
 
 def load_ipython_extension(ipython: Any) -> None:
@@ -47,5 +63,6 @@ def unload_ipython_extension(ipython: Any) -> None:
 
 
 # TORCHNEURON_LAB_REGISTER=0 imports the package without touching torch (e.g. to read saved traces).
-if __import__("os").environ.get("TORCHNEURON_LAB_REGISTER", "1") != "0":
+# During torch's own import the entry point (_autoload) registers, so that its failures only warn.
+if __import__("os").environ.get("TORCHNEURON_LAB_REGISTER", "1") != "0" and not _torch_is_importing():
     register_device()

@@ -58,15 +58,26 @@ def _env_int(name: str, *, size: bool = False) -> int | None:
 
 
 def _resolve(num_devices: int | None, hbm_bytes: int | None, profile_name: str | None) -> dict[str, Any]:
-    prof = get_profile(profile_name or os.environ.get("TORCHNEURON_LAB_PROFILE") or default_profile().name)
-    n = num_devices if num_devices is not None else _env_int("TORCHNEURON_LAB_NUM_DEVICES")
-    hbm = hbm_bytes if hbm_bytes is not None else _env_int("TORCHNEURON_LAB_HBM_BYTES", size=True)
+    """The configuration from the arguments, else the environment, else the defaults; a bad value raises
+    ``ValueError`` naming where it came from (the argument or the ``TORCHNEURON_LAB_*`` variable)."""
+    env_profile = os.environ.get("TORCHNEURON_LAB_PROFILE")
+    try:
+        prof = get_profile(profile_name or env_profile or default_profile().name)
+    except ValueError as e:
+        src = "profile" if profile_name else "TORCHNEURON_LAB_PROFILE"
+        raise ValueError(f"{src}: {e}") from None
+    n_src, hbm_src = "num_devices", "hbm_bytes"
+    n, hbm = num_devices, hbm_bytes
+    if n is None:
+        n, n_src = _env_int("TORCHNEURON_LAB_NUM_DEVICES"), "TORCHNEURON_LAB_NUM_DEVICES"
+    if hbm is None:
+        hbm, hbm_src = _env_int("TORCHNEURON_LAB_HBM_BYTES", size=True), "TORCHNEURON_LAB_HBM_BYTES"
     n = 2 if n is None else n
     hbm = prof.hbm_bytes if hbm is None else hbm
-    if not isinstance(n, int) or not 1 <= n <= 64:
-        raise ValueError(f"num_devices must be an int in [1, 64], got {n!r}")
-    if not isinstance(hbm, int) or hbm < (1 << 20):
-        raise ValueError(f"hbm_bytes must be an int >= 1 MiB (1048576), got {hbm!r}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
+        raise ValueError(f"{n_src} must be an int in [1, 64], got {n!r}")
+    if isinstance(hbm, bool) or not isinstance(hbm, int) or hbm < (1 << 20):
+        raise ValueError(f"{hbm_src} must be an int >= 1 MiB (1048576), got {hbm!r}")
     return {"num_devices": n, "hbm_bytes": hbm, "profile": prof.name}
 
 

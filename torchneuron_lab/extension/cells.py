@@ -8,9 +8,30 @@ recorder's source mapper and the compiler's location mapper while it is loaded.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-__all__ = ["CellMapper", "install", "uninstall"]
+__all__ = ["CellMapper", "current_cell", "install", "uninstall"]
+
+
+def current_cell(shell: Any) -> int:
+    """The execution count (the ``In [n]`` label) of the cell that is running now.
+
+    IPython 8 increments ``shell.execution_count`` after a cell runs, IPython 9 before, so that counter
+    cannot say which cell is running. The running cell's code object can: it was compiled under a
+    filename that IPython's compiler maps to the cell's number. The innermost such frame on the stack is
+    the running cell. Outside any cell (a magic called from plain Python), the counter IPython will give
+    the next cell is returned.
+    """
+    fmap = getattr(getattr(shell, "compile", None), "_filename_map", None)
+    if isinstance(fmap, dict):
+        frame = sys._getframe(1)
+        while frame is not None:
+            n = fmap.get(frame.f_code.co_filename)
+            if isinstance(n, int):
+                return n
+            frame = frame.f_back  # type: ignore[assignment]
+    return int(getattr(shell, "execution_count", 0) or 0)
 
 
 class CellMapper:

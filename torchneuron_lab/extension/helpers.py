@@ -256,6 +256,7 @@ def memory(device: int | None, segments: bool, history: bool, reset_peak: bool, 
 
     from ..device import memory as mem
     from ..device._backend import lib
+    from ..tracing.oom import external_fragmentation
 
     n = int(lib().device_count())
     d = 0 if device is None else device
@@ -269,7 +270,7 @@ def memory(device: int | None, segments: bool, history: bool, reset_peak: bool, 
     snap = mem._snapshot()
     segs = [s for s in snap.get("segments", []) if s["device"] == d]
     by_loc: dict[str, list[int]] = defaultdict(lambda: [0, 0])
-    free_total = 0
+    free_blocks: list[int] = []
     largest = 0
     for s in segs:
         for b in s["blocks"]:
@@ -278,13 +279,11 @@ def memory(device: int | None, segments: bool, history: bool, reset_peak: bool, 
                 acc[0] += 1
                 acc[1] += int(b["size"])
             elif b["state"] == "inactive":
-                free_total += int(b["size"])
+                free_blocks.append(int(b["size"]))
                 largest = max(largest, int(b["size"]))
     top_rows = sorted(({"location": k, "count": v[0], "bytes": v[1]} for k, v in by_loc.items()),
                       key=lambda r: (-int(str(r["bytes"])), str(r["location"])))[:top]
     stats = dict(mem.memory_stats(d))
-    reserved = int(stats.get("reserved_bytes.all.current", 0))
-    allocated = int(stats.get("allocated_bytes.all.current", 0))
     seg_rows = [{"address": s["address"], "total_size": s["total_size"], "allocated_size": s["allocated_size"],
                  "segment_type": s["segment_type"],
                  "blocks": [{"state": b["state"], "size": b["size"], "address": b["address"]} for b in s["blocks"]]}
@@ -312,7 +311,7 @@ def memory(device: int | None, segments: bool, history: bool, reset_peak: bool, 
         notes.append(f"peak statistics of neuron:{d} reset (the figures above are from before)")
     return MemoryResult(
         device=d, stats=stats, capacity=int(lib().capacity(d)), top_allocations=top_rows, segments=seg_rows,
-        fragmentation=(reserved - allocated) / reserved if reserved else 0.0, largest_free_block=largest,
+        fragmentation=external_fragmentation(free_blocks), largest_free_block=largest,
         history=hist, last_oom=oom, notes=notes, snapshot=dict(snap),
     )
 

@@ -13,7 +13,7 @@ from IPython.core.magic import Magics, cell_magic, line_cell_magic, line_magic, 
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from . import helpers
-from .cells import CellMapper
+from .cells import CellMapper, current_cell
 
 __all__ = ["NeuronMagics"]
 
@@ -86,7 +86,7 @@ class NeuronMagics(Magics):
     # -- helpers ---------------------------------------------------------------------------------
     def _cell_filename(self, text: str) -> str:
         """Register ``text`` with IPython's compiler under the running cell's number; its filename."""
-        name: str = self.shell.compile.cache(text, self.shell.execution_count, raw_code=text)
+        name: str = self.shell.compile.cache(text, current_cell(self.shell), raw_code=text)
         return name
 
     def _wants_widget(self, magic: Callable[..., Any], args: Any) -> bool:

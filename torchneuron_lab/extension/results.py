@@ -313,7 +313,8 @@ class MemoryResult(_Rich):
             ``location``, ``count``, ``bytes`` (largest first; location 'unknown' without history).
         segments: ``[{"address", "total_size", "allocated_size", "segment_type", "blocks": [...]}]``
             when ``--segments`` was given, else [].
-        fragmentation: share of reserved bytes not allocated (0.0 when nothing is reserved).
+        fragmentation: external fragmentation of the cached free blocks, ``1 - largest / total free``
+            (0.0 when the free bytes form one piece; see ``tracing.oom.external_fragmentation``).
         largest_free_block: largest inactive block in a reserved segment.
         history: last allocator trace entries (``--history``), else [].
         last_oom: the state at the moment of the last out-of-memory error on this device, or None.
@@ -366,21 +367,29 @@ class MemoryResult(_Rich):
         rows.append(["segments", str(self.stat("segment.all.current")), str(self.stat("segment.all.peak"))])
         return rows
 
+    @property
+    def oom_diagnosis(self) -> Any:
+        """Why the last OOM on this device happened (:class:`~torchneuron_lab.tracing.oom.OomDiagnosis`),
+        or None when there was none."""
+        o = self.last_oom
+        if o is None:
+            return None
+        from ..tracing.oom import diagnose_oom
+
+        return diagnose_oom(int(o["requested"]), int(o["allocated"]), int(o["reserved"]), int(o["capacity"]),
+                            int(o["largest_free_block"]))
+
     def _oom_lines(self) -> list[str]:
         o = self.last_oom
         if o is None:
             return []
-        if o["requested"] > o["capacity"]:
-            why = "the request is larger than the device's whole capacity"
-        elif o["capacity"] - o["allocated"] >= o["requested"]:
-            why = "enough bytes were free in total, but not in one piece (fragmentation)"
-        else:
-            why = "the device was full"
+        d = self.oom_diagnosis
         lines = [
             (f"last OOM on neuron:{self.device}: requested {fmt_bytes(o['requested'])} with "
             f"{fmt_bytes(o['allocated'])} allocated, {fmt_bytes(o['reserved'])} reserved of "
-            f"{fmt_bytes(o['capacity'])}; largest cached free block {fmt_bytes(o['largest_free_block'])} "
-            f"-> {why}"),
+            f"{fmt_bytes(o['capacity'])}; largest cached free block {fmt_bytes(o['largest_free_block'])}"),
+            f"  cause ({d.cause}): {d.explanation}",
+            f"  fix: {d.advice}",
         ]
         for fr in o.get("frames", [])[:3]:
             lines.append(f"    at {fr.get('location') or fr.get('filename')}:{fr.get('line', '')}")
