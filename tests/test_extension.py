@@ -260,7 +260,7 @@ def test_profile_export_and_error_keep_state_consistent(ip: Any, tmp_path: Path)
     with capture_output() as cap:
         r = ip.run_cell("%%neuron_profile -q\nqf = qa * 3\nraise ValueError('boom in the cell')",
                         store_history=True)
-    assert r.error_before_exec is None
+    assert r.error_before_exec is None and isinstance(r.error_in_exec, ValueError) and r.success is False
     assert "ValueError" in cap.stdout + cap.stderr and "boom in the cell" in cap.stdout + cap.stderr
     assert "torchneuron_lab/extension" not in cap.stdout + cap.stderr
     prof = ip.user_ns["_neuron_profile"]
@@ -439,6 +439,99 @@ def test_watch_prints_one_line_only_when_something_happened(ip: Any) -> None:
     assert cap.stdout == ""
     with pytest.raises(UsageError, match="invalid choice"):
         magic(ip, "neuron_watch maybe")
+
+
+def test_watch_counts_the_kernels_of_a_profiled_cell(ip: Any) -> None:
+    run(ip, "pw = torch.ones(8, device='neuron')")
+    with capture_output():
+        ip.run_line_magic("neuron_watch", "on")
+    try:
+        with capture_output() as cap:
+            r = run(ip, "pw1 = pw + 1\n"
+                        "get_ipython().run_cell_magic('neuron_profile', '-q', 'pw2 = pw1 * 2\\npw3 = pw2 - 1')\n"
+                        "pw4 = pw3 / 2\n")
+        lines = [ln for ln in cap.stdout.splitlines() if ln.startswith("[neuron]")]
+        # 1 kernel before the profile, 2 inside, 1 after
+        assert lines == [ln for ln in lines if ln.startswith(f"[neuron] cell [{r.execution_count}]: 4 kernels")]
+        assert len(lines) == 1
+        with capture_output() as cap:
+            r = ip.run_cell("%%neuron_profile -q\npw5 = pw * 5\npw5.sum().item()", store_history=True)
+        lines = [ln for ln in cap.stdout.splitlines() if ln.startswith("[neuron]")]
+        assert len(lines) == 1 and lines[0].startswith(f"[neuron] cell [{r.execution_count}]: 2 kernels")
+        assert "1 host syncs" in lines[0]
+    finally:
+        with capture_output():
+            ip.run_line_magic("neuron_watch", "off")
+    assert not recorder.is_recording()
+
+
+def test_failing_profiled_cell_fails_the_cell_with_the_users_frames_only(ip: Any) -> None:
+    run(ip, "pf = torch.ones(4, device='neuron')\ndef pf_fail(t):\n    raise KeyError('deep in user code')")
+    with capture_output() as cap:
+        r = ip.run_cell("%%neuron_profile -q\npf2 = pf * 2\npf_fail(pf2)", store_history=True)
+    assert r.success is False and isinstance(r.error_in_exec, KeyError)
+    shown = cap.stdout + cap.stderr
+    assert "deep in user code" in shown and "pf_fail(pf2)" in shown and "raise KeyError" in shown
+    assert "torchneuron_lab" not in shown
+    prof = ip.user_ns["_neuron_profile"]
+    assert prof.error == "KeyError: 'deep in user code'" and prof.count("kernel") == 1
+    assert not recorder.is_recording()
+
+
+def test_bad_export_path_is_refused_before_the_cell_runs(ip: Any, tmp_path: Path) -> None:
+    ip.user_ns.pop("pe_ran", None)
+    for target, why in ((tmp_path / "missing" / "t.json", "does not exist"), (tmp_path, "is a directory")):
+        with capture_output() as cap:
+            r = ip.run_cell(f"%%neuron_profile -q -T {target}\npe_ran = 1\nraise ValueError('user error')",
+                            store_history=True)
+        assert isinstance(r.error_in_exec, UsageError) and why in str(r.error_in_exec)
+        assert "pe_ran" not in ip.user_ns and "user error" not in cap.stdout + cap.stderr
+
+
+@pytest.mark.parametrize("line", ["neuron_memory '", 'neuron_placement "abc', "neuron_subgraphs --code '"])
+def test_unbalanced_quotes_are_usage_errors(ip: Any, line: str) -> None:
+    with pytest.raises(UsageError, match="cannot parse the arguments"):
+        magic(ip, line)
+
+
+@pytest.mark.parametrize("stmt", ["return 1", "yield 2", "x = (", "await f()"])
+def test_graph_breaks_rejects_statements_python_rejects(ip: Any, stmt: str) -> None:
+    with pytest.raises(UsageError, match="cannot parse the statement"):
+        magic(ip, f"neuron_graph_breaks {stmt}")
+
+
+_SETUP_TEARDOWN = [("recorder", "start"), ("recorder", "stop"), ("recorder", "read"), ("recorder", "clear"),
+                   ("mem", "_record_memory_history"), ("mem", "_snapshot"), ("mem", "reset_peak_memory_stats")]
+
+
+@pytest.mark.parametrize(("module", "name"), _SETUP_TEARDOWN)
+def test_ctrl_c_during_profile_setup_or_teardown_restores_the_lab_state(ip: Any, module: str, name: str,
+                                                                          monkeypatch: Any) -> None:
+    """A SIGINT that lands while %%neuron_profile turns recording on or off: the allocator history and
+    the recorder end as they were before the cell, and the cell reports KeyboardInterrupt."""
+    import signal
+
+    from torchneuron_lab.device import memory as mem
+
+    target = recorder if module == "recorder" else mem
+    real = getattr(target, name)
+    fired: list[int] = []
+
+    def interrupted(*a: Any, **k: Any) -> Any:
+        if not fired:
+            fired.append(1)
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*a, **k)
+
+    before = mem._history_state()
+    monkeypatch.setattr(target, name, interrupted)
+    with capture_output():
+        r = ip.run_cell("%%neuron_profile -q --memory\npk = torch.ones(4, device='neuron') + 1", store_history=True)
+    monkeypatch.undo()
+    assert fired == [1]
+    assert isinstance(r.error_in_exec, KeyboardInterrupt), r
+    assert mem._history_state() == before
+    assert not recorder.is_recording()
 
 
 # --------------------------------------------------------------------------- a real Jupyter kernel

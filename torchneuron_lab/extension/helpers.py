@@ -174,6 +174,7 @@ def _as_function(code: str, first_line: int, filename: str, ns: dict[str, Any]) 
     """
     try:
         tree = ast.parse(code)
+        compile(tree, filename, "exec", dont_inherit=True)  # `return`/`yield` outside a function, etc.
     except SyntaxError as e:
         raise LabInputError(f"cannot parse the statement: {e.msg} (line {e.lineno})") from None
     if not tree.body:
@@ -417,13 +418,49 @@ class Watch:
         self._sig_mark: dict[int, int] = {}
         self._breaks = 0
         self._mem: dict[int, tuple[int, int]] = {}
+        self._extra = {"kernel": 0, "dma": 0, "sync": 0}
+        self._suspended = False
         self.last: WatchLine | None = None
+
+    def _count_into(self, events: Any, counts: dict[str, int]) -> None:
+        for e in events:
+            if e.kind in counts:
+                counts[e.kind] += 1
+
+    def suspend(self) -> None:
+        """Another lab recording (``%%neuron_profile``) takes the recorder: keep what this cell has run so
+        far and stop recording until :meth:`resume`."""
+        from ..device import recorder
+
+        if self.active and self._owns_recorder:
+            recorder.stop()
+            self._count_into(recorder.read().events, self._extra)
+            recorder.clear()
+            self._owns_recorder = False
+            self._suspended = True
+
+    def resume(self) -> None:
+        """Record the rest of the cell again after :meth:`suspend`."""
+        from ..device import recorder
+
+        if self._suspended:
+            self._suspended = False
+            if self.active and not recorder.is_recording():
+                recorder.clear()
+                recorder.start(record_shapes=False, with_stack=False)
+                self._owns_recorder = True
+
+    def note_profiled(self, result: Any) -> None:
+        """Count the kernels, transfers and syncs a profiled cell ran (its recording was not ours)."""
+        if self.active:
+            self._count_into(result.events, self._extra)
 
     def pre_run_cell(self, info: Any = None) -> None:
         from ..compiler import capture, signatures
         from ..device import recorder
 
         self._sig_mark = signatures.mark()
+        self._extra = {"kernel": 0, "dma": 0, "sync": 0}
         self._breaks = sum(b.count for b in capture.graph_breaks())
         self._mem = _memory_now()
         if self._owns_recorder:  # still ours (turned on by %neuron_watch earlier in this cell)
@@ -452,12 +489,11 @@ class Watch:
         from ..compiler import capture, signatures
         from ..device import recorder
 
-        counts = {"kernel": 0, "dma": 0, "sync": 0}
+        counts = dict(self._extra)
+        self._extra = {"kernel": 0, "dma": 0, "sync": 0}
         if self._owns_recorder:
             recorder.stop()
-            for e in recorder.read().events:
-                if e.kind in counts:
-                    counts[e.kind] += 1
+            self._count_into(recorder.read().events, counts)
             recorder.clear()
             self._owns_recorder = False
         new = sum(len(v) for v in signatures.new_since(self._sig_mark).values())

@@ -14,6 +14,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 
 from . import helpers
 from .cells import CellMapper, current_cell
+from .interrupts import SigintGate
 
 __all__ = ["NeuronMagics"]
 
@@ -24,6 +25,8 @@ def _parse(magic: Callable[..., Any], line: str) -> Any:
         return parse_argstring(magic, line)
     except UsageError as e:
         raise UsageError(f"{e}\n{magic.parser.format_usage()}") from None  # type: ignore[attr-defined]
+    except ValueError as e:  # shlex: unbalanced quotes, a trailing escape
+        raise _usage(magic, f"cannot parse the arguments {line!r}: {e}") from None
 
 
 def _usage(magic: Callable[..., Any], message: str) -> UsageError:
@@ -243,29 +246,41 @@ class NeuronMagics(Magics):
         the MemoryWidget below them. The result is stored as ``_neuron_profile`` (events as plain data:
         ``.to_dataframe()``, ``.to_chrome_trace()``; ``.timeline_figure()``, ``.widget()``,
         ``.memory_widget()``)."""
+        __tracebackhide__ = True  # IPython hides this frame in the user's traceback  # noqa: F841
         args = _parse(self.neuron_profile, line)
         wants = self._wants_widget(self.neuron_profile, args)
         if args.top < 0:
             raise _usage(self.neuron_profile, f"--top must be >= 0, got {args.top}")
+        export = _check_output_path(self.neuron_profile, args.export, "--export")  # before the cell runs
         filename = self._cell_filename(f"%%neuron_profile {line}\n{cell}")
         try:
             tree = self.shell.compile.ast_parse("\n" + self.shell.transform_cell(cell), filename=filename)
         except SyntaxError:
             self.shell.showsyntaxerror()
             return None
-        res, value, error = helpers.profile_cell(_runner(self.shell, tree, filename), record_shapes=args.record_shapes,
-                                          memory_peak=args.memory, top=args.top)
+        gate = SigintGate()
+        with gate:  # Ctrl-C during the lab's set-up/tear-down is deferred; the cell itself stays interruptible
+            self.watch.suspend()
+            try:
+                res, value, error = helpers.profile_cell(_runner(self.shell, tree, filename, gate),
+                                                         record_shapes=args.record_shapes,
+                                                         memory_peak=args.memory, top=args.top)
+            finally:
+                self.watch.resume()
+        if gate.pending and error is None:
+            error = KeyboardInterrupt()
+        self.watch.note_profiled(res)
         if not args.compile:
             res.new_subgraphs, res.graph_breaks = [], []
         self.shell.user_ns["_neuron_profile"] = res
-        if args.export:
+        if export is not None:
             try:
-                res.export(args.export)
+                res.export(export)
             except (OSError, ValueError) as e:
-                raise _usage(self.neuron_profile, f"cannot export to {args.export!r}: {e}") from None
-        if error is not None:  # the user's own exception, shown as usual (without the lab's frames)
-            self.shell.showtraceback((type(error), error, error.__traceback__), tb_offset=2)
-        elif value is not None:
+                if error is None:
+                    raise _usage(self.neuron_profile, f"cannot export to {args.export!r}: {e}") from None
+                print(f"neuron_profile: cannot export to {args.export!r}: {e}", file=sys.stderr)
+        if error is None and value is not None:
             from IPython.display import display
 
             display(value)
@@ -274,6 +289,10 @@ class NeuronMagics(Magics):
         out = _show(res, args)
         if wants and args.memory:
             self._show_widget(self.neuron_profile, args, res.memory_widget)
+        if error is not None:
+            # The cell failed: propagate its exception as IPython's own cell magics do (so that the cell
+            # is marked failed and "Run all" stops), with the user's frames only.
+            raise error.with_traceback(_user_traceback(error.__traceback__, filename))
         return out
 
     # -- %neuron_watch ------------------------------------------------------------------------------
@@ -306,10 +325,44 @@ def _split_flags(line: str) -> tuple[list[str], str]:
     return flags, rest
 
 
-def _runner(shell: Any, tree: ast.Module, filename: str) -> Callable[[], Any]:
-    """Run the cell's statements in the user namespace; returns the value of a last expression."""
+def _check_output_path(magic: Callable[..., Any], path: str | None, flag: str) -> str | None:
+    """``path`` made absolute, after checking that its folder exists and is writable (``UsageError``)."""
+    if path is None:
+        return None
+    import os
+
+    full = os.path.abspath(os.path.expanduser(path))
+    folder = os.path.dirname(full)
+    if os.path.isdir(full):
+        raise _usage(magic, f"cannot export to {path!r}: it is a directory")
+    if not os.path.isdir(folder):
+        raise _usage(magic, f"cannot export to {path!r}: the folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK):
+        raise _usage(magic, f"cannot export to {path!r}: the folder {folder!r} is not writable")
+    return full
+
+
+def _user_traceback(tb: Any, filename: str) -> Any:
+    """``tb`` without its leading frames of the lab: it starts at the first frame of the user's cell."""
+    cur = tb
+    while cur is not None and cur.tb_frame.f_code.co_filename != filename:
+        cur = cur.tb_next
+    return cur if cur is not None else tb
+
+
+def _runner(shell: Any, tree: ast.Module, filename: str, gate: SigintGate | None = None) -> Callable[[], Any]:
+    """Run the cell's statements in the user namespace; returns the value of a last expression. With a
+    ``gate``, Ctrl-C is let through only while the statements run."""
 
     def run() -> Any:
+        __tracebackhide__ = True  # noqa: F841
+        if gate is not None:
+            with gate.open():
+                return run_body()
+        return run_body()
+
+    def run_body() -> Any:
+        __tracebackhide__ = True  # noqa: F841
         body = list(tree.body)
         last = body.pop() if body and isinstance(body[-1], ast.Expr) else None
         assert last is None or isinstance(last, ast.Expr)
