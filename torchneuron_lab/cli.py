@@ -209,8 +209,8 @@ def _profile(args: argparse.Namespace) -> int:
     # Ctrl-C raises KeyboardInterrupt in the script even if our parent ignored SIGINT
     saved_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    def run() -> None:
-        runpy.run_path(str(script), run_name="__main__")
+    def run() -> None:  # the path as given, so tracebacks read as with ``python script.py``
+        runpy.run_path(str(args.script), run_name="__main__")
 
     try:
         res, _, error = profile_cell(run, record_shapes=args.record_shapes, memory_peak=True, top=args.top)
