@@ -18,6 +18,7 @@ This module imports no other layer of the package and neither torch, numpy nor p
 from __future__ import annotations
 
 import dataclasses
+import gc
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -290,7 +291,13 @@ class RecordedColumns:
             est_list,
             [sources[i] for i in stack_ix],
         )
-        return [_trusted_event(row) for row in zip(*columns)]
+        gc_was = gc.isenabled()
+        gc.disable()  # millions of new objects, none cyclic: collecting while building them is wasted work
+        try:
+            return [_trusted_event(row) for row in zip(*columns)]
+        finally:
+            if gc_was:
+                gc.enable()
 
 
 def device_name(device: int) -> str:
