@@ -61,7 +61,7 @@ def test_profile_script(tmp_path: Path) -> None:
     assert re.search(r"neuron_profile: \d+ kernels, \d+ transfers, 1 host syncs", r.stdout), r.stdout
     assert "top kernels" in r.stdout and "aten::mm" in r.stdout
     assert "work.py:8" in r.stdout  # the host sync's location in the script
-    assert "Chrome trace written to t.json" in r.stdout
+    assert f"Chrome trace written to {tmp_path / 't.json'}" in r.stdout  # resolved when the command started
     obj = json.loads((tmp_path / "t.json").read_text())
     validate_chrome_trace(obj)
     assert any(e.get("name") == "aten::mm" for e in obj["traceEvents"])
@@ -95,7 +95,8 @@ def test_profile_script_exit_code(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("args", [(), ("bogus",), ("profile",), ("profile", "x.py", "--bogus"),
-                                  ("profile", "missing.py"), ("demo", "--steps", "x")])
+                                  ("profile", "missing.py"), ("demo", "--steps", "x"), ("demo", "--steps", "-3"),
+                                  ("demo", "--steps", "0")])
 def test_bad_arguments_print_usage_and_exit_2(tmp_path: Path, args: tuple[str, ...]) -> None:
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
@@ -119,3 +120,96 @@ def test_demo_writes_offline_html_report(tmp_path: Path) -> None:
     for name in ("trace.json", "quickstart_trace.json"):
         validate_chrome_trace(json.loads((out / name).read_text()))
     assert (out / "memory_snapshot.pickle").is_file() and (out / "summary.json").is_file()
+
+
+def test_demo_negative_steps_says_why(tmp_path: Path) -> None:
+    r = cli("demo", "--steps", "-3", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "argument --steps: must be a positive int, got -3" in r.stderr
+
+
+def test_script_options_before_double_dash_say_where_they_go(tmp_path: Path) -> None:
+    (tmp_path / "x.py").write_text("raise SystemExit('the script must not run')\n")
+    r = cli("profile", "x.py", "--lr", "0.1", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert "usage: torchneuron-lab profile" in r.stderr  # the profile command's usage, not the top level's
+    assert ("unrecognized arguments: --lr 0.1. Arguments for the script go after '--', e.g. "
+            "torchneuron-lab profile x.py -- --lr 0.1") in r.stderr
+
+
+def test_profile_help_names_the_magic_once(tmp_path: Path) -> None:
+    r = cli("profile", "--help", cwd=tmp_path)
+    assert r.returncode == 0
+    assert "%%neuron_profile" in r.stdout and "%%%%" not in r.stdout
+
+
+@pytest.mark.parametrize("option", ["-o", "--trace"])
+def test_unwritable_outputs_fail_before_the_script_runs(tmp_path: Path, option: str) -> None:
+    (tmp_path / "x.py").write_text("print('SCRIPT RAN')\n")
+    r = cli("profile", "x.py", option, "/nonexistent/dir/out.html", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "SCRIPT RAN" not in r.stdout
+    assert f"error: {'-o/--output' if option == '-o' else '--trace'} /nonexistent/dir/out.html: directory " \
+           "/nonexistent/dir does not exist" in r.stderr
+    r = cli("profile", "x.py", option, str(tmp_path), cwd=tmp_path)
+    assert r.returncode == 2 and "is a directory" in r.stderr and "SCRIPT RAN" not in r.stdout
+
+
+def test_outputs_resolve_where_the_command_started_even_if_the_script_chdirs(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (tmp_path / "moves.py").write_text(
+        f"import os, torch\nos.chdir({str(elsewhere)!r})\n(torch.ones(4, device='neuron') * 2).sum().item()\n")
+    r = cli("profile", "moves.py", "-o", "r.html", "--trace", "t.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "r.html").is_file() and (tmp_path / "t.json").is_file()
+    assert not (elsewhere / "r.html").exists() and not (elsewhere / "t.json").exists()
+    names = {e.get("name") for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]}
+    assert "aten::mul.Tensor" in names
+
+
+LOOP = """\
+import sys, time, torch
+x = torch.randn(32, 32, device="neuron")
+n = 0
+while True:
+    x = (x @ x).tanh()
+    n += 1
+    if n == 200:
+        print("READY", flush=True)
+"""
+
+
+def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    (tmp_path / "loop.py").write_text(LOOP)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-m", "torchneuron_lab.cli", "profile", "loop.py", "-o", "r.html",
+                             "--trace", "t.json"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 240
+        line = ""
+        while "READY" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, (out, err)
+    assert elapsed < 15, elapsed
+    assert "interrupted (SIGINT): writing the partial profile" in err
+    assert "cell raised KeyboardInterrupt" in out or "KeyboardInterrupt" in out, out
+    obj = json.loads((tmp_path / "t.json").read_text())
+    validate_chrome_trace(obj)
+    assert sum(1 for e in obj["traceEvents"] if e.get("name") == "aten::mm") >= 200
+    assert "Plotly.newPlot" in (tmp_path / "r.html").read_text()

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import torchneuron_lab  # noqa: F401  (registers the device)
 from torchneuron_lab import tracing
 from torchneuron_lab.device._backend import lib
+from tests._neuron_child import run_child
 
 THIS_FILE = Path(__file__).name
 
@@ -366,10 +367,29 @@ def test_zero_capacity_is_rejected(C: ModuleType) -> None:
     assert C.recorder_enabled() is False
 
 
-def test_record_shapes_off_leaves_shapes_empty(C: ModuleType) -> None:
+def test_record_shapes_off_leaves_shapes_empty_except_on_new_signatures(C: ModuleType) -> None:
+    # A signature *is* op + shapes + dtypes: the first-seen one carries them even without record_shapes.
     x = torch.ones(4, device="neuron")
-    cols = record(C, lambda: x * x, record_shapes=False)
-    assert rows(cols, "name", "shapes", "dtypes", "bytes_read") == [("aten::mul.Tensor", "", "", 32)]
+    d = torch.ones(2, 3, device="neuron", dtype=torch.float64)
+    C.clear_signatures()
+    cols = record(C, lambda: (x * x, x * x, d * d, d * d), record_shapes=False)
+    assert rows(cols, "name", "new_signature", "shapes", "dtypes", "bytes_read") == [
+        ("aten::mul.Tensor", True, "[4], [4]", "float32, float32", 32),
+        ("aten::mul.Tensor", False, "", "", 32),
+        ("aten::mul.Tensor", True, "[2, 3], [2, 3]", "float64, float64", 96),
+        ("aten::mul.Tensor", False, "", "", 96),
+    ]
+
+
+def test_new_signature_shapes_match_the_signature_table(C: ModuleType) -> None:
+    a = torch.randn(3, 5, device="neuron")
+    b = torch.randn(5, 2, device="neuron", dtype=torch.float32)
+    C.clear_signatures()
+    cols = record(C, lambda: torch.mm(a, b), record_shapes=False)
+    assert rows(cols, "name", "new_signature", "shapes", "dtypes") == [
+        ("aten::mm", True, "[3, 5], [5, 2]", "float32, float32")
+    ]
+    assert C.signatures(0) == ["aten::mm(float32[3, 5], float32[5, 2])"]
 
 
 def test_events_from_other_threads_carry_their_thread(C: ModuleType) -> None:
@@ -385,6 +405,85 @@ def test_events_from_other_threads_carry_their_thread(C: ModuleType) -> None:
     cols = record(C, work)
     assert len(cols["thread"]) == 3
     assert cols["thread"][0] == cols["thread"][2] != cols["thread"][1]
+
+
+def test_keep_first_pins_the_start_and_rings_the_rest(C: ModuleType) -> None:
+    from torchneuron_lab.device import recorder
+
+    x = torch.ones(4, device="neuron")
+    C.recorder_clear()
+    recorder.start(10, keep_first=4)
+    try:
+        t0 = C.now_ns()
+        for _ in range(25):
+            x.add_(1)
+        t1 = C.now_ns()
+    finally:
+        recorder.stop()
+    cols = C.recorder_read()
+    first = cols["seq"][0]
+    assert [s - first for s in cols["seq"]] == [0, 1, 2, 3, 19, 20, 21, 22, 23, 24]
+    assert C.recorder_dropped() == 15
+    trace = recorder.read()
+    assert trace.dropped == 15 and len(trace) == 10
+    lo, hi = trace.metadata["dropped_window_ns"]
+    starts = cols["start_ns"]
+    assert starts[3] <= lo and hi <= starts[4] and t0 <= lo <= hi <= t1
+    with pytest.raises(ValueError, match=r"keep_first must be an int between 0 and capacity \(10\), got 11"):
+        recorder.start(10, keep_first=11)
+    C.recorder_clear()
+    C.recorder_start(100, True, False, 0)  # the fixture's default policy again
+
+
+def test_capacity_beyond_available_memory_is_rejected_up_front() -> None:
+    # Before: recorder.start(2**40) was accepted and every later neuron op failed with std::bad_alloc.
+    facts = run_child("""
+        import json, torch, torchneuron_lab
+        from torchneuron_lab.device import recorder
+        x = torch.ones(4, device="neuron")
+        try:
+            recorder.start(2**40)
+            err = None
+        except ValueError as e:
+            err = str(e)
+        y = (x + 1).sum().item()
+        on = recorder.is_recording()
+        with recorder.record() as box:
+            x * 3
+        print(json.dumps({"err": err, "y": y, "on": on, "names": [e.name for e in box[0].events],
+                          "per_event": recorder.bytes_per_event()}))
+    """)
+    assert facts["err"] is not None
+    assert facts["err"].startswith(f"recorder capacity {2**40} events would need ")
+    assert f"({facts['per_event']} bytes per event)" in facts["err"]
+    assert "allowed range: 1 to " in facts["err"]
+    assert facts["y"] == 8.0 and facts["on"] is False
+    assert facts["names"] == ["aten::mul.Tensor"]
+
+
+_FIRST_OP = """
+    import json, time, torch, torchneuron_lab
+    from torchneuron_lab.device import recorder
+    warm = torch.ones(8, device="neuron") * 2            # device and allocator in use, as in a notebook
+    m = torch.nn.Linear(256, 256).to("neuron")
+    x = torch.randn(64, 256, device="neuron")
+    if {on}:
+        recorder.clear()
+        recorder.start(with_stack=True)
+    t0 = time.perf_counter()
+    y = m(x)
+    first = time.perf_counter() - t0
+    recorder.stop()
+    print(json.dumps({{"first_s": first, "events": len(recorder.read())}}))
+"""
+
+
+def test_first_kernel_with_the_recorder_on_costs_about_what_it_costs_off() -> None:
+    # Before: the first kernel of a recording zeroed the whole 1M-event ring (~190 ms vs ~10 ms off).
+    off = run_child(_FIRST_OP.format(on=False))
+    on = run_child(_FIRST_OP.format(on=True))
+    assert off["events"] == 0 and on["events"] == 1
+    assert on["first_s"] < 5 * off["first_s"] + 0.005, (on, off)
 
 
 # --------------------------------------------------------------------------- stacks
@@ -479,3 +578,60 @@ def test_events_from_columns_on_a_real_recording(C: ModuleType) -> None:
     back = tracing.events_to_columns(events)
     for key in ("kind", "name", "device", "engine", "bytes_read", "bytes_written", "flops", "direction"):
         assert list(back[key]) == list(cols[key]), key
+
+
+def test_stacks_are_interned_per_call_path(C: ModuleType) -> None:
+    from torchneuron_lab.device import recorder
+
+    x = torch.ones(4, device="neuron")
+    with recorder.record(with_stack=True) as box:
+        for _ in range(50):
+            _launch_from_helper(x)
+        x + 1
+    events = box[0].events
+    assert [e.name for e in events] == ["aten::mul.Tensor"] * 50 + ["aten::add.Tensor"]
+    helper_stacks = {id(e.stack) for e in events[:50]}
+    assert len(helper_stacks) == 1  # one tuple of frames, shared by the 50 events
+    assert events[0].stack[-1].name == "_launch_from_helper"
+    assert events[50].stack[-1].name == "test_stacks_are_interned_per_call_path"
+    assert events[50].stack[-1].line == events[0].stack[-2].line + 1
+
+
+def test_read_builds_events_on_first_use_and_equals_the_list_path(C: ModuleType) -> None:
+    """recorder.read() (packed columns, interned stacks, vectorised estimates) gives exactly what the
+    list path gives: events_from_columns(recorder_read()) + annotate_estimates + sources."""
+    from torchneuron_lab.device import profile, recorder
+    from torchneuron_lab.device.profiles import annotate_estimates
+    from torchneuron_lab.tracing.events import _Deferred
+
+    host = torch.randn(8, 16)
+    w = torch.randn(16, 4, device="neuron")
+    wh = torch.randn(16, 4, device="neuron", dtype=torch.float16)
+
+    def step() -> None:
+        x = host.to("neuron")
+        y = (_launch_from_helper(x) @ w).relu()
+        (x.half() @ wh).sum().item()
+        y.sum().item()
+
+    C.recorder_clear()
+    recorder.start(with_stack=True)
+    try:
+        step()
+        step()
+    finally:
+        recorder.stop()
+    trace = recorder.read()
+    assert isinstance(trace.__dict__["events"], _Deferred)  # nothing materialised yet
+    assert len(trace) == len(C.recorder_read()["seq"]) > 10
+    assert isinstance(trace.__dict__["events"], _Deferred)
+    fast = trace.events
+    slow = annotate_estimates(tracing.events_from_columns(C.recorder_read()), profile())
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert a.as_dict() | {"source": None, "est_ns": None} == b.as_dict() | {"source": None, "est_ns": None}
+        assert (a.est_ns is None) == (b.est_ns is None) and (a.est_ns or 0) == pytest.approx(b.est_ns or 0)
+    assert sum(e.est_ns is not None for e in fast) >= 10
+    located = [e for e in fast if e.name == "aten::mul.Tensor"]
+    assert located and all(e.source and e.source.endswith("in _launch_from_helper") for e in located)
+    assert trace.columns is not None and len(trace.columns) == len(fast)

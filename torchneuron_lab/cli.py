@@ -8,15 +8,20 @@
 - ``torchneuron-lab profile script.py [args...] [-o report.html] [--trace trace.json]``  runs a plain
   Python script with the kernel recorder on and prints the ``%%neuron_profile`` summary; writes the
   timeline figure (offline HTML) and the Chrome trace when asked. Script arguments that start with ``-``
-  go after ``--``. A failing script prints its traceback and exits non-zero.
+  go after ``--``. Output paths are checked and made absolute before the script runs. A failing script
+  prints its traceback and exits non-zero; Ctrl-C (SIGINT) stops the script, writes the partial profile
+  and exits 130. Recording is bounded: the recorder keeps the first and the newest events of a long run
+  (and says how many it dropped), the allocator history keeps its newest entries.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import runpy
+import signal
 import sys
 import tempfile
 import time
@@ -49,7 +54,7 @@ def _demo(args: argparse.Namespace) -> int:
     from torchneuron_lab.device import recorder
     from torchneuron_lab.tracing import summarize, write_chrome_trace
 
-    out = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="torchneuron_lab_demo_"))
+    out = Path(args.output).absolute() if args.output else Path(tempfile.mkdtemp(prefix="torchneuron_lab_demo_"))
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -146,6 +151,38 @@ def _user_traceback(exc: BaseException, script: Path) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__))
 
 
+def output_path(value: str | None, option: str) -> Path | None:
+    """``value`` as an absolute path whose file can be written, checked now (before any work is done).
+
+    Raises:
+        ValueError: the directory does not exist or is not writable, or the path is a directory.
+    """
+    if value is None:
+        return None
+    path = Path(value).expanduser().absolute()
+    if path.is_dir():
+        raise ValueError(f"{option} {value}: is a directory; give a file name")
+    parent = path.parent
+    if not parent.is_dir():
+        raise ValueError(f"{option} {value}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ValueError(f"{option} {value}: not writable")
+    return path
+
+
+def _dropped_line(trace: object) -> str | None:
+    dropped = int(getattr(trace, "dropped", 0))
+    if not dropped:
+        return None
+    window = getattr(trace, "metadata", {}).get("dropped_window_ns")
+    start = getattr(trace, "start_ns", None)
+    where = ""
+    if window and start is not None:
+        where = f" between {(window[0] - start) / 1e9:.3f} s and {(window[1] - start) / 1e9:.3f} s"
+    return (f"  recording bounded: kept the first and the newest events, dropped {dropped:,} events{where} "
+            f"(the run's start and end are complete)")
+
+
 def _profile(args: argparse.Namespace) -> int:
     script = Path(args.script)
     if not script.is_file():
@@ -154,22 +191,32 @@ def _profile(args: argparse.Namespace) -> int:
     if args.top < 0:
         print(f"torchneuron-lab profile: error: --top must be >= 0, got {args.top}", file=sys.stderr)
         return 2
+    try:  # checked and made absolute now: a script that fails late or chdirs does not lose the report
+        report_path = output_path(args.output, "-o/--output")
+        trace_path = output_path(args.trace, "--trace")
+    except ValueError as e:
+        print(f"torchneuron-lab profile: error: {e}", file=sys.stderr)
+        return 2
+    script = script.absolute()
 
     import torchneuron_lab  # noqa: F401  (registers the device)
     from torchneuron_lab.extension.helpers import profile_cell
 
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [str(script), *args.args]
+    saved_argv, saved_path, saved_cwd = sys.argv[:], sys.path[:], os.getcwd()
+    sys.argv = [str(args.script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))  # as ``python script.py`` does
     exit_code = 0
+    # Ctrl-C raises KeyboardInterrupt in the script even if our parent ignored SIGINT
+    saved_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
 
-    def run() -> None:
-        runpy.run_path(str(script), run_name="__main__")
+    def run() -> None:  # the path as given, so tracebacks read as with ``python script.py``
+        runpy.run_path(str(args.script), run_name="__main__")
 
     try:
         res, _, error = profile_cell(run, record_shapes=args.record_shapes, memory_peak=True, top=args.top)
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
+        os.chdir(saved_cwd)
     sys.stdout.flush()
     if isinstance(error, SystemExit):
         code = error.code
@@ -180,24 +227,40 @@ def _profile(args: argparse.Namespace) -> int:
             res.error = None
     elif isinstance(error, KeyboardInterrupt):
         exit_code = 130
+        print("torchneuron-lab profile: interrupted (SIGINT): writing the partial profile", file=sys.stderr)
     elif error is not None:
         sys.stderr.write(_user_traceback(error, script))
         exit_code = 1
     try:
-        if args.trace:
-            res.export(args.trace)
+        if trace_path is not None:
+            res.export(str(trace_path))
         print(res)
-        if args.output:
+        dropped = _dropped_line(res.trace)
+        if dropped:
+            print(dropped)
+        if report_path is not None:
             from torchneuron_lab.widgets import save_html, timeline_figure
 
             fig = timeline_figure(res.trace, title=f"{script.name}: kernel timeline")
-            written = save_html(fig, args.output, title=f"torchneuron-lab profile {script.name}")
+            written = save_html(fig, str(report_path), title=f"torchneuron-lab profile {script.name}")
             print(f"  timeline figure written to {written}")
     except OSError as e:
         print(f"torchneuron-lab profile: cannot write the output: {e}", file=sys.stderr)
         return exit_code or 1
+    finally:
+        signal.signal(signal.SIGINT, saved_sigint)
     sys.stdout.flush()
     return exit_code
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive int, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -208,14 +271,15 @@ def main(argv: list[str] | None = None) -> int:
     p_demo = sub.add_parser("demo", help="run the main job on the emulated device and write its trace")
     p_demo.add_argument("-o", "--output",
                         help="directory for the trace, snapshot and HTML report (default: a new temp dir)")
-    p_demo.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    p_demo.add_argument("--steps", type=_positive_int, default=5, help="training steps (default 5, at least 1)")
     p_demo.add_argument("--no-report", action="store_true",
                         help="skip the notebook HTML report (trace and snapshot only)")
     p_demo.set_defaults(fn=_demo)
     p_prof = sub.add_parser(
         "profile", help="run a Python script with the kernel recorder on and print the profile summary",
         description="Run a Python script on the emulated neuron device with the kernel recorder on (like "
-                    "%%%%neuron_profile) and print the summary. Script arguments that start with '-' go after '--'.")
+                    "%%neuron_profile) and print the summary. Script arguments that start with '-' go after "
+                    "'--': torchneuron-lab profile script.py -- --lr 0.1")
     p_prof.add_argument("script", help="the Python script to run (as __main__, with sys.argv set)")
     p_prof.add_argument("args", nargs="*", help="arguments passed to the script")
     p_prof.add_argument("-o", "--output", metavar="REPORT.html", help="write the timeline figure as offline HTML")
@@ -223,8 +287,18 @@ def main(argv: list[str] | None = None) -> int:
     p_prof.add_argument("-k", "--top", type=int, default=10, help="kernels to list (default 10)")
     p_prof.add_argument("--record-shapes", action="store_true", help="record input shapes of each kernel")
     p_prof.set_defaults(fn=_profile)
-    args = parser.parse_args(argv)
-    return int(args.fn(args))
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        if args.command == "profile":
+            extra = " ".join(unknown)
+            p_prof.error(f"unrecognized arguments: {extra}. Arguments for the script go after '--', e.g. "
+                         f"torchneuron-lab profile {args.script} -- {' '.join([*args.args, *unknown])}")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    try:
+        return int(args.fn(args))
+    except KeyboardInterrupt:  # a second Ctrl-C while the partial profile is written
+        print("torchneuron-lab: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -364,14 +364,15 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
             mem.reset_peak_memory_stats(d)
         if prev_history["enabled"] == "all" and prev_history["context"] is not None:
             marks = [len(t) for t in mem._snapshot().get("device_traces", [])]  # keep the cell's entries only
-        else:
-            mem._record_memory_history("all", context="all")
+        else:  # bounded: the newest 100k allocator actions (a long run must not grow without limit)
+            mem._record_memory_history("all", context="all", max_entries=100_000)
             turned_on = True
     before = _memory_now()
     n_graphs = len(registry.records())
     n_breaks = len(capture.graph_breaks())
     recorder.clear()
-    recorder.start(record_shapes=record_shapes, with_stack=True)
+    # a long run keeps its first events (warm-up, new signatures) and its newest; the rest is counted
+    recorder.start(record_shapes=record_shapes, with_stack=True, keep_first=recorder.DEFAULT_CAPACITY // 8)
     error: BaseException | None = None
     value = None
     try:

@@ -17,6 +17,7 @@ Layout of the exported trace:
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import math
@@ -62,7 +63,11 @@ def _tid_map(events: list[KernelEvent]) -> dict[str, int]:
     return tids
 
 
-def _args(e: KernelEvent, profile: str | None) -> dict[str, Any]:
+def _estimate_note(profile: str | None) -> str:
+    return f"roofline ESTIMATE for {profile or 'the device profile'}, not a measurement"
+
+
+def _args(e: KernelEvent, profile: str | None, note: str | None = None) -> dict[str, Any]:
     args: dict[str, Any] = {"seq": e.seq, "kind": e.kind, "device": e.device_name}
     if e.shapes:
         args["shapes"] = e.shapes
@@ -82,9 +87,7 @@ def _args(e: KernelEvent, profile: str | None) -> dict[str, Any]:
         args["source"] = e.location
     if e.est_ns is not None:
         args["estimate_us"] = e.est_ns / _NS_PER_US
-        args["estimate_note"] = (
-            f"roofline ESTIMATE for {profile or 'the device profile'}, not a measurement"
-        )
+        args["estimate_note"] = note if note is not None else _estimate_note(profile)
     return args
 
 
@@ -105,6 +108,18 @@ def to_chrome_trace(
     Returns:
         ``{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}``.
     """
+    gc_was = gc.isenabled()
+    gc.disable()  # a million new dicts, none cyclic: collecting while building them is wasted work
+    try:
+        return _to_chrome_trace(events, metadata, relative)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _to_chrome_trace(
+    events: Trace | Iterable[KernelEvent], metadata: Mapping[str, Any] | None, relative: bool
+) -> dict[str, Any]:
     if isinstance(events, Trace):
         info: dict[str, Any] = events.info()
         evs = list(events.events)
@@ -112,6 +127,7 @@ def to_chrome_trace(
         info = {}
         evs = list(events)
     info.update(metadata or {})
+    note = _estimate_note(info.get("profile"))
     profile = info.get("profile")
 
     t0 = min((e.start_ns for e in evs), default=0) if relative else 0
@@ -138,7 +154,7 @@ def to_chrome_trace(
             "pid": _pid(e.device),
             "tid": tids[e.engine],
             "ts": (e.start_ns - t0) / _NS_PER_US,
-            "args": _args(e, profile),
+            "args": _args(e, profile, note),
         }
         if e.kind in _INSTANT_KINDS or (e.kind == "marker" and e.dur_ns == 0):
             base["ph"] = "i"
@@ -162,8 +178,11 @@ def _is_id(x: Any) -> bool:
     return (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, str)
 
 
-def chrome_trace_problems(obj: Any) -> list[str]:
-    """Every format problem found in ``obj`` (empty list: valid). See :func:`validate_chrome_trace`."""
+def chrome_trace_problems(obj: Any, *, check_json: bool = True) -> list[str]:
+    """Every format problem found in ``obj`` (empty list: valid). See :func:`validate_chrome_trace`.
+
+    ``check_json=False`` skips the strict-JSON check (for a caller that serialises with
+    ``allow_nan=False`` itself, as :func:`write_chrome_trace` does)."""
     problems: list[str] = []
     if isinstance(obj, list):  # JSON Array Format
         events: Any = obj
@@ -226,14 +245,15 @@ def chrome_trace_problems(obj: Any) -> list[str]:
         if ph in ("i", "I") and "s" in ev and ev["s"] not in ("g", "p", "t"):
             problems.append(f"{where}: instant scope 's' must be 'g', 'p' or 't', got {ev['s']!r}")
 
-    try:
-        json.dumps(obj, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        problems.append(f"not JSON-serialisable: {exc}")
+    if check_json:
+        try:
+            json.dumps(obj, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"not JSON-serialisable: {exc}")
     return problems
 
 
-def validate_chrome_trace(obj: Any) -> None:
+def validate_chrome_trace(obj: Any, *, check_json: bool = True) -> None:
     """Check ``obj`` against the Chrome Trace Event Format; raise if anything is wrong.
 
     Checked: the container (object with a ``traceEvents`` list, or a bare list), ``displayTimeUnit``,
@@ -244,7 +264,7 @@ def validate_chrome_trace(obj: Any) -> None:
     Raises:
         ValueError: listing the problems found (up to 20, with the total count).
     """
-    problems = chrome_trace_problems(obj)
+    problems = chrome_trace_problems(obj, check_json=check_json)
     if problems:
         shown = "\n  ".join(problems[:20])
         more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
@@ -263,9 +283,18 @@ def write_chrome_trace(
     The trace is validated before anything is written. Returns the path written.
     """
     trace = to_chrome_trace(events, metadata, relative=relative)
-    validate_chrome_trace(trace)
+    gc_was = gc.isenabled()
+    gc.disable()
+    try:
+        validate_chrome_trace(trace, check_json=False)
+        try:  # serialised once: the strict-JSON check is this dump
+            data = json.dumps(trace, allow_nan=False, separators=(",", ":")).encode("utf-8")
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"invalid Chrome trace (1 problem(s)):\n  not JSON-serialisable: {exc}") from None
+    finally:
+        if gc_was:
+            gc.enable()
     p = Path(path)
-    data = json.dumps(trace, allow_nan=False, separators=(",", ":")).encode("utf-8")
     if p.suffix == ".gz":
         with gzip.open(p, "wb") as fh:
             fh.write(data)

@@ -6,22 +6,30 @@ dataclasses; :func:`events_to_columns` goes back; :func:`to_dataframe` builds a 
 (pandas is imported only when called). :class:`Trace` holds events plus recording metadata and
 filters them.
 
-This module imports no other layer of the package and neither torch nor pandas at import time.
+The fast path: :class:`RecordedColumns` holds the recorder's packed columns (numpy arrays, ids into
+tables of interned strings and stacks, as ``_C.recorder_read_columns()`` returns them). A
+:class:`Trace` built with :meth:`Trace.from_recorded` materialises its :class:`KernelEvent` list only
+when ``trace.events`` is first used, and shares one tuple of frames and one string per distinct stack
+and name.
+
+This module imports no other layer of the package and neither torch, numpy nor pandas at import time.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
     "COLUMNS",
+    "RecordedColumns",
     "DATAFRAME_COLUMNS",
     "DIRECTIONS",
     "ENGINES",
@@ -177,6 +185,119 @@ class KernelEvent:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["stack"] = [fr.as_dict() for fr in self.stack]
         return d
+
+
+_EVENT_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(KernelEvent))
+
+
+def _trusted_event(values: tuple[Any, ...]) -> KernelEvent:
+    """A :class:`KernelEvent` from values in field order, already converted and checked (the recorder's
+    own columns): sets the fields directly, skipping the frozen ``__setattr__`` and ``__post_init__``."""
+    ev = object.__new__(KernelEvent)
+    ev.__dict__.update(zip(_EVENT_FIELDS, values))
+    return ev
+
+
+@dataclass
+class RecordedColumns:
+    """The recorder's contents as packed columns plus the tables their ids index.
+
+    Numeric columns are numpy arrays of one length ``n``. ``name``/``shapes``/``dtypes`` are ids into
+    ``strings`` (-1: ''); ``kind``/``engine``/``direction`` index ``kinds``/``engines``/``directions``;
+    ``stack`` indexes ``stack_frames`` and ``stack_sources`` (negative: no stack). ``est_ns`` is a float
+    array with NaN where there is no estimate. Build :class:`KernelEvent` objects with :meth:`events`
+    (or a :class:`Trace` with :meth:`Trace.from_recorded`); nothing is materialised before.
+    """
+
+    n: int
+    arrays: dict[str, Any]
+    strings: Sequence[str]
+    kinds: Sequence[str] = KINDS[:4]
+    engines: Sequence[str] = ENGINES
+    directions: Sequence[str] = ("", *DIRECTIONS)
+    stack_frames: Sequence[tuple[StackFrame, ...]] = ()
+    stack_sources: Sequence[str | None] = ()
+
+    _NUMERIC: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("seq", "<i8"), ("kind", "u1"), ("engine", "u1"), ("direction", "u1"), ("new_signature", "u1"),
+        ("device", "i1"), ("name", "<i4"), ("shapes", "<i4"), ("dtypes", "<i4"), ("subgraph", "<i4"),
+        ("start_ns", "<i8"), ("end_ns", "<i8"), ("bytes_read", "<i8"), ("bytes_written", "<i8"),
+        ("flops", "<i8"), ("thread", "<i8"), ("stack", "<i4"),
+    )
+
+    @classmethod
+    def from_raw(cls, raw: Mapping[str, Any]) -> RecordedColumns:
+        """Wrap ``_C.recorder_read_columns()`` (packed bytes per column) without copying the columns."""
+        import numpy as np
+
+        n = int(raw["n"])
+        arrays = {name: np.frombuffer(raw[name], dtype=dt, count=n) for name, dt in cls._NUMERIC}
+        return cls(n=n, arrays=arrays, strings=list(raw["strings"]), kinds=tuple(raw["kinds"]),
+                   engines=tuple(raw["engines"]), directions=tuple(raw["directions"]))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _strings_of(self, ids: Any) -> list[str]:
+        table = [*self.strings, ""]  # id -1 -> ''
+        return [table[i] for i in ids.tolist()]
+
+    def events(self) -> list[KernelEvent]:
+        """Materialise the :class:`KernelEvent` list (strings and frames shared, not copied).
+
+        Raises:
+            ValueError: an event ends before it starts (only possible for events pushed from Python).
+        """
+        import numpy as np
+
+        a = self.arrays
+        start, end = a["start_ns"], a["end_ns"]
+        bad = np.flatnonzero(end < start)
+        if bad.size:
+            i = int(bad[0])
+            raise ValueError(
+                f"event seq={int(a['seq'][i])} {self._strings_of(a['name'][i:i + 1])[0]!r}: end_ns "
+                f"({int(end[i])}) is before start_ns ({int(start[i])})"
+            )
+        n = self.n
+        kinds, engines, directions = list(self.kinds), list(self.engines), list(self.directions)
+        stack_ids = a["stack"].tolist()
+        frames = [*self.stack_frames, ()]
+        sources = [*self.stack_sources, None]
+        n_stacks = len(self.stack_frames)
+        stack_ix = [i if 0 <= i < n_stacks else n_stacks for i in stack_ids]
+        est = a.get("est_ns")
+        est_list: list[Any] = [None] * n if est is None else [
+            None if v != v else v for v in est.tolist()  # NaN -> None
+        ]
+        columns = (
+            a["seq"].tolist(),
+            [kinds[k] for k in a["kind"].tolist()],
+            self._strings_of(a["name"]),
+            a["device"].tolist(),
+            [engines[k] for k in a["engine"].tolist()],
+            start.tolist(),
+            end.tolist(),
+            a["bytes_read"].tolist(),
+            a["bytes_written"].tolist(),
+            a["flops"].tolist(),
+            [bool(v) for v in a["new_signature"].tolist()],
+            self._strings_of(a["shapes"]),
+            self._strings_of(a["dtypes"]),
+            [directions[k] for k in a["direction"].tolist()],
+            a["subgraph"].tolist(),
+            a["thread"].tolist(),
+            [frames[i] for i in stack_ix],
+            est_list,
+            [sources[i] for i in stack_ix],
+        )
+        gc_was = gc.isenabled()
+        gc.disable()  # millions of new objects, none cyclic: collecting while building them is wasted work
+        try:
+            return [_trusted_event(row) for row in zip(*columns)]
+        finally:
+            if gc_was:
+                gc.enable()
 
 
 def device_name(device: int) -> str:
@@ -354,6 +475,33 @@ class Trace:
     metadata: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
+    def from_recorded(
+        cls,
+        cols: RecordedColumns,
+        *,
+        profile: str | None = None,
+        dropped: int = 0,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> Trace:
+        """A trace over the recorder's packed columns; ``events`` is built on first use."""
+        trace = cls([], profile=profile, dropped=int(dropped), metadata=dict(metadata or {}))
+        trace.__dict__["events"] = _Deferred(cols)
+        return trace
+
+    @property
+    def columns(self) -> RecordedColumns | None:
+        """The packed columns this trace was read from (None for a trace built from events)."""
+        pending = self.__dict__.get("events")
+        if isinstance(pending, _Deferred):
+            return pending.cols
+        return self.__dict__.get("_columns")
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["events"] = self.events  # materialised: the deferred builder is not picklable
+        return state
+
+    @classmethod
     def from_columns(
         cls,
         cols: Mapping[str, Sequence[Any]],
@@ -366,7 +514,8 @@ class Trace:
         return cls(events_from_columns(cols), profile=profile, dropped=int(dropped), metadata=dict(metadata or {}))
 
     def __len__(self) -> int:
-        return len(self.events)
+        pending = self.__dict__.get("events")
+        return len(pending.cols) if isinstance(pending, _Deferred) else len(self.events)
 
     def __iter__(self) -> Iterator[KernelEvent]:
         return iter(self.events)
@@ -504,3 +653,37 @@ class Trace:
         from torchneuron_lab.tracing.chrome_trace import to_chrome_trace
 
         return to_chrome_trace(self, relative=relative)
+
+
+class _Deferred:
+    """Placeholder for ``Trace.events`` until first use."""
+
+    __slots__ = ("cols",)
+
+    def __init__(self, cols: RecordedColumns) -> None:
+        self.cols = cols
+
+
+class _LazyEvents:
+    """Data descriptor for ``Trace.events``: a plain list, built from packed columns on first access."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return self
+        value = obj.__dict__.get("events")
+        if isinstance(value, _Deferred):
+            obj.__dict__["_columns"] = value.cols
+            value = value.cols.events()
+            obj.__dict__["events"] = value
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__["events"] = value
+        obj.__dict__.pop("_columns", None)
+
+
+Trace.events = _LazyEvents()  # type: ignore[assignment]  # after @dataclass, which reads the field
+Trace.events.__set_name__(Trace, "events")

@@ -87,15 +87,105 @@ EventKind kind_from(const std::string& s) {
   TORCH_CHECK_VALUE(false, "unknown event kind '", s, "'; expected kernel, dma, sync or marker");
 }
 
+// Interned stacks symbolized once each: list by stack id of [(filename, line, name), ...] innermost last.
+// Frames shared by several stacks are built once.
+py::list recorder_stacks_py() {
+  std::vector<std::vector<StackFrameRef>> all = stacks_snapshot();
+  std::unordered_map<const void*, std::unordered_map<int, py::object>> frames;
+  py::list out;
+  for (const auto& st : all) {
+    py::list fl(st.size());
+    for (size_t i = 0; i < st.size(); ++i) {
+      const StackFrameRef& fr = st[i];
+      py::object& slot = frames[fr.code][fr.lasti];
+      if (!slot) {
+        auto* code = reinterpret_cast<PyCodeObject*>(fr.code);
+        const int line = PyCode_Addr2Line(code, fr.lasti);
+        slot = py::make_tuple(py::reinterpret_borrow<py::object>(code->co_filename), line,
+                              py::reinterpret_borrow<py::object>(code->co_name));
+      }
+      fl[st.size() - 1 - i] = slot;  // innermost last
+    }
+    out.append(fl);
+  }
+  release_stacks(all);
+  return out;
+}
+
+template <typename T, typename F>
+py::bytes column(const std::vector<RecorderSlot>& slots, F get) {
+  PyObject* o = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(slots.size() * sizeof(T)));
+  if (o == nullptr) throw py::error_already_set();
+  T* p = reinterpret_cast<T*>(PyBytes_AS_STRING(o));
+  for (size_t i = 0; i < slots.size(); ++i) p[i] = static_cast<T>(get(slots[i]));
+  return py::reinterpret_steal<py::bytes>(o);
+}
+
+// The recorder's contents as columns of packed little-endian arrays (bytes; numpy.frombuffer reads them
+// without a copy) plus the tables their ids index: `strings` (name/shapes/dtypes ids), `stacks` (stack
+// ids, -1: none), `kinds`, `engines`, `directions`. Nothing is materialised per event here.
+py::dict recorder_read_columns_py() {
+  std::vector<RecorderSlot> slots = recorder_copy();
+  py::dict d;
+  d["n"] = slots.size();
+  d["seq"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.seq; });
+  d["kind"] = column<uint8_t>(slots, [](const RecorderSlot& s) { return s.ev.kind; });
+  d["engine"] = column<uint8_t>(slots, [](const RecorderSlot& s) { return s.ev.engine; });
+  d["direction"] = column<uint8_t>(slots, [](const RecorderSlot& s) { return s.ev.direction; });
+  d["new_signature"] = column<uint8_t>(slots, [](const RecorderSlot& s) { return s.ev.new_signature; });
+  d["device"] = column<int8_t>(slots, [](const RecorderSlot& s) { return s.ev.device; });
+  d["name"] = column<int32_t>(slots, [](const RecorderSlot& s) { return s.ev.name_id; });
+  d["shapes"] = column<int32_t>(slots, [](const RecorderSlot& s) { return s.ev.shapes_id; });
+  d["dtypes"] = column<int32_t>(slots, [](const RecorderSlot& s) { return s.ev.dtypes_id; });
+  d["subgraph"] = column<int32_t>(slots, [](const RecorderSlot& s) { return s.ev.subgraph; });
+  d["start_ns"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.start_ns; });
+  d["end_ns"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.end_ns; });
+  d["bytes_read"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.bytes_read; });
+  d["bytes_written"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.bytes_written; });
+  d["flops"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.flops; });
+  d["thread"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.thread; });
+  d["stack"] = column<int32_t>(slots, [](const RecorderSlot& s) { return s.stack; });
+  d["strings"] = strings_snapshot();
+  d["stacks"] = recorder_stacks_py();
+  py::list kinds, engines, directions;
+  for (int k = 0; k <= static_cast<int>(EventKind::Marker); ++k) kinds.append(kind_name(static_cast<EventKind>(k)));
+  for (int e = 0; e <= static_cast<int>(Engine::Host); ++e) engines.append(engine_name(static_cast<Engine>(e)));
+  for (int x = 0; x <= static_cast<int>(Direction::D2D); ++x)
+    directions.append(direction_name(static_cast<Direction>(x)));
+  d["kinds"] = kinds; d["engines"] = engines; d["directions"] = directions;
+  const auto window = recorder_dropped_window();
+  d["dropped"] = recorder_dropped();
+  d["dropped_first_ns"] = window.first;
+  d["dropped_last_ns"] = window.second;
+  return d;
+}
+
+// The same contents as Python lists per column (notes/api.md), stacks as lists of {filename, line, name}.
 py::dict recorder_read_py() {
-  std::vector<Slot> slots = recorder_copy();
+  std::vector<RecorderSlot> slots = recorder_copy();
+  const std::vector<std::string> names = strings_snapshot();
+  auto str = [&](int32_t id) -> const std::string& {
+    static const std::string empty;
+    return id >= 0 && id < static_cast<int32_t>(names.size()) ? names[id] : empty;
+  };
+  py::list stack_table = recorder_stacks_py();
+  std::vector<py::list> stack_dicts;
+  for (py::handle fl : stack_table) {
+    py::list frames;
+    for (py::handle fr : fl) {
+      py::tuple t = py::reinterpret_borrow<py::tuple>(fr);
+      py::dict f;
+      f["filename"] = t[0]; f["line"] = t[1]; f["name"] = t[2];
+      frames.append(f);
+    }
+    stack_dicts.push_back(frames);
+  }
   py::list seq, kind, name, device, engine, start, end, br, bw, flops, newsig, shapes, dtypes, direction, subgraph,
-      thread;
-  std::vector<std::shared_ptr<c10::GatheredContext>> stacks;
-  for (const Slot& s : slots) {
+      thread, stack;
+  for (const RecorderSlot& s : slots) {
     seq.append(s.seq);
     kind.append(kind_name(s.ev.kind));
-    name.append(string_of(s.ev.name_id));
+    name.append(str(s.ev.name_id));
     device.append(static_cast<int>(s.ev.device));
     engine.append(engine_name(s.ev.engine));
     start.append(s.ev.start_ns);
@@ -104,26 +194,21 @@ py::dict recorder_read_py() {
     bw.append(s.ev.bytes_written);
     flops.append(s.ev.flops);
     newsig.append(s.ev.new_signature);
-    shapes.append(string_of(s.ev.shapes_id));
-    dtypes.append(string_of(s.ev.dtypes_id));
+    shapes.append(str(s.ev.shapes_id));
+    dtypes.append(str(s.ev.dtypes_id));
     direction.append(direction_name(s.ev.direction));
     subgraph.append(s.ev.subgraph);
     thread.append(s.thread);
-    stacks.push_back(s.stack);
+    if (s.stack >= 0 && s.stack < static_cast<int32_t>(stack_dicts.size()))
+      stack.append(py::reinterpret_steal<py::list>(PySequence_List(stack_dicts[s.stack].ptr())));
+    else
+      stack.append(py::list());
   }
   py::dict d;
   d["seq"] = seq; d["kind"] = kind; d["name"] = name; d["device"] = device; d["engine"] = engine;
   d["start_ns"] = start; d["end_ns"] = end; d["bytes_read"] = br; d["bytes_written"] = bw; d["flops"] = flops;
   d["new_signature"] = newsig; d["shapes"] = shapes; d["dtypes"] = dtypes; d["direction"] = direction;
-  // frames innermost last (api.md); the symbolizer returns them innermost first
-  py::list stack_lists = symbolize_all(stacks);
-  py::list ordered;
-  for (py::handle fl : stack_lists) {
-    py::list frames = py::reinterpret_borrow<py::list>(fl);
-    frames.attr("reverse")();
-    ordered.append(frames);
-  }
-  d["subgraph"] = subgraph; d["thread"] = thread; d["stack"] = ordered;
+  d["subgraph"] = subgraph; d["thread"] = thread; d["stack"] = stack;
   return d;
 }
 
@@ -332,7 +417,9 @@ void init_module(py::module& m) {
   m.def("last_oom", &last_oom_py);
 
   m.def("recorder_start", &recorder_start, py::arg("capacity") = 1 << 20, py::arg("record_shapes") = true,
-        py::arg("with_stack") = false);
+        py::arg("with_stack") = false, py::arg("keep_first") = 0);
+  m.def("recorder_slot_bytes", &recorder_slot_bytes);
+  m.def("recorder_read_columns", &recorder_read_columns_py);
   m.def("recorder_stop", &recorder_stop);
   m.def("recorder_clear", &recorder_clear);
   m.def("recorder_enabled", []() { return (g_recording_flags.load() & kRecorderBit) != 0; });

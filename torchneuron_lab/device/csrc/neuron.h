@@ -96,6 +96,26 @@ bool record_shapes_enabled();
 bool with_stack_enabled();
 int32_t intern_string(const std::string& s);
 void push_event(EventRecord ev);  // stamps seq/thread, captures a stack when with_stack is on
+// One recorded event as stored in the recorder's chunks; `stack` indexes the stack table.
+constexpr int32_t kNoStack = -1;
+constexpr int32_t kStackTableFull = -2;
+struct RecorderSlot {
+  EventRecord ev;
+  uint64_t seq = 0;
+  uint32_t thread = 0;
+  int32_t stack = kNoStack;
+};
+struct StackFrameRef {
+  void* code;  // PyCodeObject*, a strong reference held by the stack table
+  int lasti;   // instruction offset in bytes
+};
+void recorder_start(size_t capacity, bool record_shapes, bool with_stack, size_t keep_first);
+std::vector<RecorderSlot> recorder_copy();  // oldest first
+std::vector<std::string> strings_snapshot();  // interned strings, indexed by id
+std::vector<std::vector<StackFrameRef>> stacks_snapshot();  // interned stacks, innermost first (GIL held)
+void release_stacks(std::vector<std::vector<StackFrameRef>>& snapshot);  // GIL held
+std::pair<int64_t, int64_t> recorder_dropped_window();  // [first start, last end] of dropped events
+size_t recorder_slot_bytes();
 // Eager op signatures per device; returns true if this signature is new on that device.
 bool note_signature(int device, uint64_t hash, const std::function<std::string()>& describe);
 

@@ -1,10 +1,30 @@
-// Kernel recorder: a bounded ring buffer of device events (kernels, DMA, syncs, markers) plus the
-// per-device cache of eager op signatures. Recording off costs one relaxed atomic load per op.
+// Kernel recorder: a bounded ring of device events (kernels, DMA, syncs, markers), the per-device cache of
+// eager op signatures and the table of interned host stacks. Recording off costs one relaxed atomic load
+// per op.
+//
+// Memory is bounded as a whole and paid as it is used:
+// - events live in fixed-size chunks allocated on first write: starting the recorder allocates nothing,
+//   so the first kernel of a recording pays for one chunk, not for zeroing the whole capacity (which
+//   cost 80-300 ms per recording with the 1M-event default);
+// - the capacity is checked against the memory available when recording starts (ValueError), and a
+//   chunk that still cannot be allocated drops the event (counted): recording never fails an op;
+// - an event stores a 4-byte stack id: identical Python stacks (same code objects and instruction
+//   offsets) share one entry of the stack table, so stacks cost memory per distinct call path, and
+//   reading symbolizes each distinct stack once (bindings.cpp).
+// Ring policy: the first `keep_first` events are pinned (never overwritten); the rest of the capacity
+// is a ring of the newest events. A long run keeps its start (first-seen signatures, warm-up) and its
+// end; the events overwritten between them are counted with the time window they covered.
 #include "neuron.h"
 
-#include <torch/csrc/profiler/combined_traceback.h>
+#include <Python.h>
+#include <frameobject.h>
 
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -16,23 +36,50 @@ std::atomic<uint64_t> g_sig_generation{1};
 
 namespace {
 
-struct Slot {
-  EventRecord ev;
-  uint64_t seq = 0;
-  uint64_t thread = 0;
-  std::shared_ptr<torch::CapturedTraceback> stack;
+constexpr size_t kChunk = 4096;          // events per chunk
+constexpr size_t kKeptChunks = 16;       // chunks kept across clear() (64k events)
+constexpr size_t kMaxStackDepth = 128;   // innermost frames kept per stack
+constexpr size_t kMaxStacks = 1 << 20;   // distinct stacks; beyond, events get kStackTableFull
+
+struct Chunk {
+  RecorderSlot slots[kChunk];
 };
 
 struct Recorder {
   std::mutex mu;
-  std::vector<Slot> ring;
+  std::vector<std::unique_ptr<Chunk>> chunks;
   size_t capacity = 1 << 20;
-  size_t next = 0;    // write position
-  size_t size = 0;    // valid entries
+  size_t keep_first = 0;  // pinned head
+  size_t size = 0;        // valid entries
+  size_t ring_pos = 0;    // next overwrite position inside the ring part, once full
   uint64_t seq = 0;
   uint64_t dropped = 0;
+  int64_t dropped_first_ns = 0;  // time window of the dropped events (valid when dropped > 0)
+  int64_t dropped_last_ns = 0;
   bool record_shapes = true;
   bool with_stack = false;
+
+  RecorderSlot* slot(size_t i) {
+    const size_t c = i / kChunk;
+    if (c >= chunks.size()) chunks.resize(c + 1);
+    if (!chunks[c]) {
+      chunks[c].reset(new (std::nothrow) Chunk());
+      if (!chunks[c]) return nullptr;
+    }
+    return &chunks[c]->slots[i % kChunk];
+  }
+  const RecorderSlot& at(size_t i) const { return chunks[i / kChunk]->slots[i % kChunk]; }
+  void note_dropped(const EventRecord& ev) {
+    if (dropped == 0 || ev.start_ns < dropped_first_ns) dropped_first_ns = ev.start_ns;
+    if (dropped == 0 || ev.end_ns > dropped_last_ns) dropped_last_ns = ev.end_ns;
+    dropped++;
+  }
+  void reset_events() {
+    size = 0;
+    ring_pos = 0;
+    dropped = 0;
+    dropped_first_ns = dropped_last_ns = 0;
+  }
 };
 
 Recorder& rec() {
@@ -60,9 +107,91 @@ Signatures& sigs() {
   return s;
 }
 
-uint64_t thread_hash() {
-  static thread_local uint64_t h = std::hash<std::thread::id>()(std::this_thread::get_id()) & 0xffffffff;
+// Interned Python stacks. Entries hold a strong reference to their code objects (taken with the GIL
+// held), so an address in the table is never reused by another code object while the entry lives.
+struct StackHash {
+  size_t operator()(const std::vector<StackFrameRef>& v) const {
+    uint64_t h = 1469598103934665603ULL;
+    for (const auto& f : v) {
+      h = (h ^ reinterpret_cast<uintptr_t>(f.code)) * 1099511628211ULL;
+      h = (h ^ static_cast<uint64_t>(static_cast<uint32_t>(f.lasti))) * 1099511628211ULL;
+    }
+    return h;
+  }
+};
+struct StackEq {
+  bool operator()(const std::vector<StackFrameRef>& a, const std::vector<StackFrameRef>& b) const {
+    if (a.size() != b.size()) return false;
+    for (size_t i = 0; i < a.size(); ++i)
+      if (a[i].code != b[i].code || a[i].lasti != b[i].lasti) return false;
+    return true;
+  }
+};
+struct Stacks {
+  std::mutex mu;
+  std::unordered_map<std::vector<StackFrameRef>, int32_t, StackHash, StackEq> ids;
+  std::vector<const std::vector<StackFrameRef>*> by_id;  // points at the keys of `ids`
+};
+Stacks& stacks() {
+  static Stacks s;
+  return s;
+}
+
+uint32_t thread_hash() {
+  static thread_local uint32_t h =
+      static_cast<uint32_t>(std::hash<std::thread::id>()(std::this_thread::get_id()) & 0xffffffff);
   return h;
+}
+
+// Signatures first seen on this thread whose kernel event is not pushed yet ("name(dtype[shape], ...)").
+thread_local std::vector<std::string> tls_pending_signatures;
+
+// "aten::mm(float32[4, 4], float32[4])" -> shapes "[4, 4], [4]", dtypes "float32, float32".
+void split_signature(const std::string& desc, std::string& shapes, std::string& dtypes) {
+  const size_t open = desc.find('(');
+  if (open == std::string::npos) return;
+  int depth = 0;
+  std::string dtype;
+  for (size_t i = open + 1; i < desc.size(); ++i) {
+    const char ch = desc[i];
+    if (depth == 0) {
+      if (ch == '[') {
+        depth = 1;
+        if (!dtypes.empty()) dtypes += ", ";
+        dtypes += dtype;
+        if (!shapes.empty()) shapes += ", ";
+        shapes += '[';
+        dtype.clear();
+      } else if (ch != ',' && ch != ' ' && ch != ')') {
+        dtype += ch;
+      }
+    } else {
+      shapes += ch;
+      if (ch == '[') depth++;
+      else if (ch == ']') depth--;
+    }
+  }
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t value = 0;
+  std::string unit;
+  while (f >> key >> value) {
+    std::getline(f, unit);
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  const long pages = sysconf(_SC_AVPHYS_PAGES);
+  const long page = sysconf(_SC_PAGESIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : -1;
+}
+
+std::string gib(double bytes) {
+  std::ostringstream o;
+  o.precision(1);
+  o << std::fixed << bytes / (1024.0 * 1024.0 * 1024.0) << " GiB";
+  return o.str();
 }
 
 }  // namespace
@@ -88,24 +217,158 @@ std::string string_of(int32_t id) {
   return id < static_cast<int32_t>(st.names.size()) ? st.names[id] : "";
 }
 
+std::vector<std::string> strings_snapshot() {
+  Strings& st = strings();
+  std::lock_guard<std::mutex> lock(st.mu);
+  return st.names;
+}
+
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// The calling thread's Python stack as an id of the stack table. Kernels run with the GIL released
+// (torch drops it before dispatch), so it is taken here, as torch's own CapturedTraceback does; a thread
+// without a Python thread state (a pure C++ thread) or without Python frames (the autograd engine's
+// device threads) gets kNoStack.
+int32_t capture_stack_locked(PyThreadState* ts);
+int32_t capture_stack() {
+  if (!Py_IsInitialized() || python_finalizing()) return kNoStack;
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (ts == nullptr) return kNoStack;
+  PyGILState_STATE g = PyGILState_Ensure();
+  const int32_t id = capture_stack_locked(PyThreadState_Get());
+  PyGILState_Release(g);
+  return id;
+}
+int32_t capture_stack_locked(PyThreadState* ts) {
+  static thread_local std::vector<StackFrameRef> key;
+  key.clear();
+  PyFrameObject* f = PyThreadState_GetFrame(ts);  // new reference or NULL
+  while (f != nullptr) {
+    if (key.size() < kMaxStackDepth) {
+      PyCodeObject* code = PyFrame_GetCode(f);  // new reference; the live frame keeps the code alive
+#if PY_VERSION_HEX >= 0x030B0000
+      const int lasti = PyFrame_GetLasti(f);
+#else
+      const int lasti = f->f_lasti * 2;
+#endif
+      key.push_back({code, lasti});
+      Py_DECREF(code);
+    }
+    PyFrameObject* back = PyFrame_GetBack(f);
+    Py_DECREF(f);
+    f = back;
+  }
+  if (key.empty()) return kNoStack;
+  Stacks& st = stacks();
+  std::lock_guard<std::mutex> lock(st.mu);
+  auto it = st.ids.find(key);
+  if (it != st.ids.end()) return it->second;
+  if (st.by_id.size() >= kMaxStacks) return kStackTableFull;
+  for (const auto& fr : key) Py_INCREF(reinterpret_cast<PyObject*>(fr.code));
+  const auto id = static_cast<int32_t>(st.by_id.size());
+  auto ins = st.ids.emplace(key, id);
+  st.by_id.push_back(&ins.first->first);
+  return id;
+}
+
+// The caller holds the GIL; the snapshot holds its own references (release_stacks drops them), so a
+// concurrent clear_stacks() cannot free a code object it still reads.
+std::vector<std::vector<StackFrameRef>> stacks_snapshot() {
+  Stacks& st = stacks();
+  std::lock_guard<std::mutex> lock(st.mu);
+  std::vector<std::vector<StackFrameRef>> out;
+  out.reserve(st.by_id.size());
+  for (const auto* k : st.by_id) {
+    out.push_back(*k);
+    for (const auto& fr : *k) Py_INCREF(reinterpret_cast<PyObject*>(fr.code));
+  }
+  return out;
+}
+void release_stacks(std::vector<std::vector<StackFrameRef>>& snap) {
+  for (const auto& v : snap)
+    for (const auto& fr : v) Py_DECREF(reinterpret_cast<PyObject*>(fr.code));
+  snap.clear();
+}
+
+// Drops every interned stack (and its code references). Needs the GIL; events still in the ring would
+// point at nothing, so it is only called with the ring empty.
+void clear_stacks() {
+  Stacks& st = stacks();
+  std::vector<std::vector<StackFrameRef>> old;
+  {
+    std::lock_guard<std::mutex> lock(st.mu);
+    for (const auto* k : st.by_id) old.push_back(*k);
+    st.by_id.clear();
+    st.ids.clear();
+  }
+  if (old.empty() || !Py_IsInitialized() || python_finalizing()) return;
+  PyGILState_STATE g = PyGILState_Ensure();
+  for (const auto& v : old)
+    for (const auto& fr : v) Py_DECREF(reinterpret_cast<PyObject*>(fr.code));
+  PyGILState_Release(g);
+}
+
 void push_event(EventRecord ev) {
   const uint32_t flags = g_recording_flags.load(std::memory_order_relaxed);
+  if (ev.new_signature && !tls_pending_signatures.empty()) {
+    // The signature's shapes and dtypes, even without record_shapes: a signature *is* op + shapes + dtypes.
+    const std::string prefix = string_of(ev.name_id) + "(";
+    for (size_t i = tls_pending_signatures.size(); i-- > 0;) {
+      const std::string& desc = tls_pending_signatures[i];
+      if (desc.compare(0, prefix.size(), prefix) != 0) continue;
+      if (ev.shapes_id < 0 && ev.dtypes_id < 0) {
+        std::string shapes, dtypes;
+        split_signature(desc, shapes, dtypes);
+        ev.shapes_id = intern_string(shapes);
+        ev.dtypes_id = intern_string(dtypes);
+      }
+      tls_pending_signatures.erase(tls_pending_signatures.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  }
   if (flags & kKinetoBit) kineto_capture(ev);
   if (!(flags & kRecorderBit)) return;
-  std::shared_ptr<torch::CapturedTraceback> stack;
   Recorder& r = rec();
-  if (r.with_stack) stack = torch::CapturedTraceback::gather(/*python=*/true, /*script=*/false, /*cpp=*/false);
+  const int32_t stack = r.with_stack ? capture_stack() : kNoStack;
   std::lock_guard<std::mutex> lock(r.mu);
   if (!(g_recording_flags.load(std::memory_order_relaxed) & kRecorderBit)) return;
-  if (r.ring.size() != r.capacity) r.ring.resize(r.capacity);
-  Slot& s = r.ring[r.next];
-  s.ev = ev;
-  s.seq = r.seq++;
-  s.thread = thread_hash();
-  s.stack = std::move(stack);
-  r.next = (r.next + 1) % r.capacity;
-  if (r.size < r.capacity) r.size++;
-  else r.dropped++;
+  size_t idx;
+  if (r.size < r.capacity) {
+    idx = r.size;
+  } else if (r.capacity > r.keep_first) {
+    idx = r.keep_first + r.ring_pos;
+    r.note_dropped(r.at(idx).ev);
+  } else {  // everything pinned: the new event is the one dropped
+    r.note_dropped(ev);
+    r.seq++;
+    return;
+  }
+  RecorderSlot* s = nullptr;
+  try {
+    s = r.slot(idx);
+  } catch (const std::bad_alloc&) {
+    s = nullptr;
+  }
+  if (s == nullptr) {  // out of memory for a new chunk: drop this event, never fail the op
+    r.note_dropped(ev);
+    r.seq++;
+    return;
+  }
+  s->ev = ev;
+  s->seq = r.seq++;
+  s->thread = thread_hash();
+  s->stack = stack;
+  if (r.size < r.capacity) {
+    r.size++;
+  } else {
+    r.ring_pos = (r.ring_pos + 1) % (r.capacity - r.keep_first);
+  }
 }
 
 bool note_signature(int device, uint64_t hash, const std::function<std::string()>& describe) {
@@ -122,51 +385,95 @@ bool note_signature(int device, uint64_t hash, const std::function<std::string()
   if (known.size() > 65536) known.clear();
   known.insert(key);
   Signatures& s = sigs();
-  std::lock_guard<std::mutex> lock(s.mu);
-  if (s.seen.size() <= static_cast<size_t>(device)) {
-    s.seen.resize(device + 1);
-    s.described.resize(device + 1);
+  std::string desc;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.seen.size() <= static_cast<size_t>(device)) {
+      s.seen.resize(device + 1);
+      s.described.resize(device + 1);
+    }
+    if (!s.seen[device].insert(hash).second) return false;
+    desc = describe();
+    s.described[device].push_back(desc);
   }
-  if (!s.seen[device].insert(hash).second) return false;
-  s.described[device].push_back(describe());
+  if (recording()) {  // push_event attaches its shapes/dtypes to the kernel event
+    if (tls_pending_signatures.size() >= 8) tls_pending_signatures.erase(tls_pending_signatures.begin());
+    tls_pending_signatures.push_back(std::move(desc));
+  }
   return true;
 }
 
 // ---- control, used by bindings.cpp ----
-void recorder_start(size_t capacity, bool record_shapes, bool with_stack) {
+size_t recorder_slot_bytes() { return sizeof(RecorderSlot); }
+
+void recorder_start(size_t capacity, bool record_shapes, bool with_stack, size_t keep_first) {
   TORCH_CHECK_VALUE(capacity >= 1, "recorder capacity must be >= 1, got ", capacity);
-  Recorder& r = rec();
-  std::lock_guard<std::mutex> lock(r.mu);
-  if (capacity != r.capacity) {
-    r.ring.clear();
-    r.ring.shrink_to_fit();
-    r.capacity = capacity;
-    r.next = 0;
-    r.size = 0;
+  TORCH_CHECK_VALUE(keep_first <= capacity, "recorder keep_first must be between 0 and the capacity (",
+                    capacity, "), got ", keep_first);
+  // Half of the memory available now, at most: the rest is the program's.
+  const int64_t avail = available_memory_bytes();
+  if (avail > 0) {
+    const size_t max_events = static_cast<size_t>(avail / 2) / sizeof(RecorderSlot);
+    TORCH_CHECK_VALUE(capacity <= max_events, "recorder capacity ", capacity, " events would need ",
+                      gib(static_cast<double>(capacity) * sizeof(RecorderSlot)), " (",
+                      sizeof(RecorderSlot), " bytes per event) but ", gib(static_cast<double>(avail)),
+                      " of memory is available; allowed range: 1 to ", max_events,
+                      " events (half the available memory)");
   }
-  r.record_shapes = record_shapes;
-  r.with_stack = with_stack;
+  Recorder& r = rec();
+  bool emptied = false;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (capacity != r.capacity || keep_first != r.keep_first) {
+      r.chunks.clear();
+      r.chunks.shrink_to_fit();
+      r.capacity = capacity;
+      r.keep_first = keep_first;
+      r.reset_events();
+      emptied = true;
+    }
+    emptied = emptied || r.size == 0;
+    r.record_shapes = record_shapes;
+    r.with_stack = with_stack;
+  }
+  if (emptied) clear_stacks();
   g_recording_flags.fetch_or(kRecorderBit);
 }
 void recorder_stop() { g_recording_flags.fetch_and(~kRecorderBit); }
 void recorder_clear() {
   Recorder& r = rec();
-  std::lock_guard<std::mutex> lock(r.mu);
-  r.next = 0;
-  r.size = 0;
-  r.dropped = 0;
-  for (auto& s : r.ring) s.stack.reset();
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    r.reset_events();
+    if (r.chunks.size() > kKeptChunks) {
+      r.chunks.resize(kKeptChunks);
+      r.chunks.shrink_to_fit();
+    }
+  }
+  clear_stacks();
 }
 uint64_t recorder_dropped() { return rec().dropped; }
-
-// Copies the buffer in order (oldest first).
-std::vector<Slot> recorder_copy() {
+std::pair<int64_t, int64_t> recorder_dropped_window() {
   Recorder& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
-  std::vector<Slot> out;
+  return {r.dropped_first_ns, r.dropped_last_ns};
+}
+size_t recorder_keep_first() { return rec().keep_first; }
+
+// Copies the buffer in order (oldest first: the pinned head, then the ring from its oldest entry).
+std::vector<RecorderSlot> recorder_copy() {
+  Recorder& r = rec();
+  std::lock_guard<std::mutex> lock(r.mu);
+  std::vector<RecorderSlot> out;
   out.reserve(r.size);
-  const size_t start = (r.next + r.capacity - r.size) % r.capacity;
-  for (size_t i = 0; i < r.size; ++i) out.push_back(r.ring[(start + i) % r.capacity]);
+  const size_t head = std::min(r.size, r.keep_first);
+  for (size_t i = 0; i < head; ++i) out.push_back(r.at(i));
+  if (r.size < r.capacity) {
+    for (size_t i = head; i < r.size; ++i) out.push_back(r.at(i));
+  } else {
+    for (size_t i = r.keep_first + r.ring_pos; i < r.capacity; ++i) out.push_back(r.at(i));
+    for (size_t i = r.keep_first; i < r.keep_first + r.ring_pos; ++i) out.push_back(r.at(i));
+  }
   return out;
 }
 

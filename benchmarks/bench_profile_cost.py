@@ -1,0 +1,255 @@
+"""Profiling cost (issue 9): %%neuron_profile vs torch.profiler on a transformer training step, per-event read cost.
+
+Side by side in one process:
+
+1. Reading the recorder: ``recorder.read()`` (packed columns, each distinct stack symbolized once,
+   estimates on whole columns; events built on first use) per event, against the list path it replaced
+   (``_C.recorder_read()`` + ``events_from_columns`` + ``annotate_estimates`` + per-event sources), with
+   and without stacks; and the cost of then materialising ``trace.events``.
+2. Recording cost per op on the neuron ``a + 1`` 64x64 path: off, on, on with stacks.
+3. One training step (zero_grad, forward, loss, backward, AdamW step) of a small GPT-2 (transformers,
+   from a config: 2 layers, d 128, 4 heads, vocab 1000, batch 4 x 64) and of an
+   ``nn.TransformerEncoderLayer`` (d 128, 4 heads, ffn 512, batch 16 x 64): plain; under
+   ``%%neuron_profile``'s own path (``profile_cell``: record with stacks + read + summary, display
+   excluded); under ``torch.profiler.profile(activities=[CPU, PrivateUse1])`` + ``key_averages()`` (its
+   summary). Rounds interleave the three, order alternating.
+
+Bars: read <= 1 us/event (with stacks); %%neuron_profile step time <= torch.profiler's on each step.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+
+from _common import Report, base_parser, calibrate, interleave, make_loop, setup  # noqa: E402
+
+READ_BAR_US = 1.0
+STEP_BAR = 1.0
+
+
+def _timed_s(fn: Any) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def bench_read(C: Any, n_events: int, with_stack: bool, rounds: int) -> dict[str, float]:
+    from torchneuron_lab.device import profile, recorder
+    from torchneuron_lab.device.profiles import annotate_estimates
+    from torchneuron_lab.tracing import events_from_columns
+
+    a = torch.randn(8, 8, device="neuron")
+
+    def layer(x: torch.Tensor) -> torch.Tensor:  # a few distinct call paths, as a model has
+        return x + 1
+
+    recorder.clear()
+    recorder.start(max(n_events, 1 << 16), with_stack=with_stack)
+    for i in range(n_events // 2):
+        layer(a)
+        a * 2
+    recorder.stop()
+    n = len(recorder.read())
+
+    def old_path() -> None:
+        cols = C.recorder_read()
+        stacks = cols["stack"]
+        sources = []
+        for st in stacks:  # the old per-event source lookup
+            fr = recorder._user_frame(tuple(_frame(f) for f in st)) if st else None
+            sources.append(None if fr is None else f"{fr.filename}:{fr.line} in {fr.name}")
+        cols["source"] = sources
+        annotate_estimates(events_from_columns(cols), profile())
+
+    new_s, mat_s, old_s = [], [], []
+    for r in range(rounds):
+        holder: dict[str, Any] = {}
+        new_s.append(_timed_s(lambda: holder.setdefault("t", recorder.read())))
+        mat_s.append(_timed_s(lambda: len(holder["t"].events)))
+        if r < max(1, rounds // 2):
+            old_s.append(_timed_s(old_path))
+    recorder.clear()
+    return {
+        "events": n,
+        "read_us": statistics.median(new_s) / n * 1e6,
+        "materialise_us": statistics.median(mat_s) / n * 1e6,
+        "list_path_us": statistics.median(old_s) / n * 1e6,
+    }
+
+
+def _frame(f: dict[str, Any]) -> Any:
+    from torchneuron_lab.tracing import StackFrame
+
+    return StackFrame(f["filename"], int(f["line"]), f["name"])
+
+
+def gpt2_step() -> Any:
+    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    cfg = GPT2Config(n_layer=2, n_embd=128, n_head=4, n_positions=128, vocab_size=1000)
+    model = GPT2LMHeadModel(cfg).to("neuron")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, 1000, (4, 64)).to("neuron")
+
+    def step() -> None:
+        opt.zero_grad()
+        model(ids, labels=ids).loss.backward()
+        opt.step()
+        torch.neuron.synchronize()
+
+    return step
+
+
+def encoder_step() -> Any:
+    layer = torch.nn.TransformerEncoderLayer(128, 4, 512, batch_first=True).to("neuron")
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-4)
+    x = torch.randn(16, 64, 128).to("neuron")
+
+    def step() -> None:
+        opt.zero_grad()
+        layer(x).pow(2).mean().backward()
+        opt.step()
+        torch.neuron.synchronize()
+
+    return step
+
+
+def bench_step(step: Any, rounds: int) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    from torchneuron_lab.extension.helpers import profile_cell
+
+    events: list[int] = []
+
+    def ours() -> None:
+        res, _, err = profile_cell(step, record_shapes=False, memory_peak=False, top=10)
+        if err is not None:
+            raise err
+        events.append(len(res.trace))
+
+    def torch_prof() -> None:
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]) as p:
+            step()
+        p.key_averages()
+
+    for fn in (step, step, ours, torch_prof):  # warm-up: signatures, allocator, profiler set-up
+        fn()
+    variants = {"plain": step, "neuron_profile": ours, "torch.profiler": torch_prof}
+    samples: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(rounds):
+        order = list(variants) if r % 2 == 0 else list(variants)[::-1]
+        for k in order:
+            samples[k].append(_timed_s(variants[k]))
+    med = {k: statistics.median(v) for k, v in samples.items()}
+
+    def paired(a: str, b: str) -> float:
+        return statistics.median(x / y for x, y in zip(samples[a], samples[b]))
+
+    return {
+        "median_s": med,
+        "samples_s": samples,
+        "events": events[-1],
+        "ours_over_plain": paired("neuron_profile", "plain"),
+        "torch_over_plain": paired("torch.profiler", "plain"),
+        "ours_over_torch": paired("neuron_profile", "torch.profiler"),
+    }
+
+
+def main() -> int:
+    ap = base_parser(__doc__.splitlines()[0])
+    args = ap.parse_args()
+    setup(args)
+    from torchneuron_lab.device._backend import lib
+
+    C = lib()
+    quick = args.quick
+    rep = Report("bench_profile_cost", args)
+    rep.header("profiling cost: %%neuron_profile vs torch.profiler; recorder read and record cost")
+    C.recorder_stop()
+
+    # ---- 1. read cost per event
+    n_events = 4000 if quick else 100_000
+    read_rounds = 2 if quick else 5
+    reads = {ws: bench_read(C, n_events, ws, read_rounds) for ws in (True, False)}
+    print(f"reading the recorder ({reads[True]['events']} events; us per event)")
+    for ws, r in reads.items():
+        print(f"  {'with stacks' if ws else 'no stacks  '}: read {r['read_us']:.3f} us, then building the "
+              f"KernelEvent list {r['materialise_us']:.3f} us; list path (before) {r['list_path_us']:.2f} us "
+              f"-> {r['list_path_us'] / r['read_us']:.1f}x faster")
+    print()
+
+    # ---- 2. recording cost per op
+    target_s = 0.002 if quick else 0.03
+    rounds = args.rounds or (3 if quick else 21)
+    a = torch.randn(64, 64).to("neuron")
+    cap = 1 << 20
+    env = {"a": a, "_C": C, "_cap": cap}
+    loops = {
+        "off": make_loop("a + 1", env, setup="_C.recorder_stop()"),
+        "on": make_loop("a + 1", env, setup="_C.recorder_clear()\n_C.recorder_start(_cap, False, False)",
+                        teardown="_C.recorder_stop()\n_C.recorder_clear()"),
+        "stack": make_loop("a + 1", env, setup="_C.recorder_clear()\n_C.recorder_start(_cap, False, True)",
+                           teardown="_C.recorder_stop()\n_C.recorder_clear()"),
+    }
+    for k in ("on", "stack"):
+        calibrate(loops[k], target_s, max_n=cap // 2)
+    n = calibrate(loops["off"], target_s, max_n=cap // 2)
+    sides = interleave(loops, n, rounds)
+    rep.cost("recorder.add_64x64.record", "recording on vs off", sides["off"], sides["on"], n)
+    rep.cost("recorder.add_64x64.with_stack", "recording on with stacks vs off", sides["off"], sides["stack"], n)
+
+    # ---- 3. training steps
+    step_rounds = args.rounds or (2 if quick else 9)
+    steps = {"gpt2_train": gpt2_step(), "encoder_layer_train": encoder_step()}
+    results = {k: bench_step(fn, step_rounds) for k, fn in steps.items()}
+    print("training step (ms, median over interleaved rounds; profiling = record + read + summary, no display)")
+    hdr = f"{'step':<22} {'events':>7} {'plain':>9} {'%%neuron_profile':>17} {'torch.profiler':>15}"
+    print(hdr)
+    print("-" * len(hdr))
+    for k, r in results.items():
+        m = r["median_s"]
+        print(f"{k:<22} {r['events']:>7} {m['plain'] * 1e3:>9.1f} {m['neuron_profile'] * 1e3:>17.1f} "
+              f"{m['torch.profiler'] * 1e3:>15.1f}")
+    print()
+
+    # ---- lines
+    bars: list[tuple[str, bool]] = []
+    for ws, r in reads.items():
+        key = f"read.per_event.{'with_stack' if ws else 'no_stack'}"
+        ok = r["read_us"] <= READ_BAR_US
+        line = f"READ {key} = {r['read_us']:.3f} us/event (list path {r['list_path_us']:.2f} us/event)"
+        if ws:
+            line += f"  [bar <= {READ_BAR_US:.2f} us: {'PASS' if ok else 'FAIL'}]"
+            bars.append((key, ok))
+        print(line)
+    for k, r in results.items():
+        print(f"RATIO {k}.neuron_profile/plain = {r['ours_over_plain']:.3f}x")
+        print(f"RATIO {k}.torch_profiler/plain = {r['torch_over_plain']:.3f}x")
+        ok = r["ours_over_torch"] <= STEP_BAR
+        bars.append((k, ok))
+        print(f"RATIO {k}.neuron_profile/torch_profiler = {r['ours_over_torch']:.3f}x  "
+              f"[bar <= {STEP_BAR:.2f}x: {'PASS' if ok else 'FAIL'}]")
+    rep.print_cost_lines(rep.costs)
+    failed = [k for k, ok in bars if not ok]
+    print()
+    print(f"BARS {len(bars) - len(failed)}/{len(bars)} pass" + (f" (failed: {', '.join(failed)})" if failed else ""))
+    rep.extra.update(read=reads, steps={k: {kk: vv for kk, vv in r.items()} for k, r in results.items()},
+                     bars={k: ok for k, ok in bars})
+    code = rep.finish()
+    return 1 if (failed and args.strict) else code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
