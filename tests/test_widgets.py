@@ -393,6 +393,40 @@ def test_zoom_on_a_compressed_axis_maps_back_to_measured_time() -> None:
     assert list(w.figure.layout.xaxis.ticktext) == ["200.015 ms", "200.020 ms", "200.025 ms", "200.030 ms"]
 
 
+def test_static_fallback_one_display_live_or_exported(recorded: Trace) -> None:
+    """With static_fallback() a widget's display data holds the widget view AND a static copy: a live
+    front-end renders the widget, an export without widget state (nbconvert) the static copy -- never both."""
+    nbformat = pytest.importorskip("nbformat")
+    nbconvert = pytest.importorskip("nbconvert")
+    from torchneuron_lab.widgets import timeline as T
+
+    saved = dict(T._STATIC)
+    try:
+        T._STATIC.update(enabled=False, plotlyjs_sent=False)
+        assert "text/html" not in TimelineWidget(recorded)._repr_mimebundle_()  # off by default
+        T.static_fallback()
+        first = TimelineWidget(recorded)._repr_mimebundle_()
+        second = MemoryWidget(fake_snapshot())._repr_mimebundle_()
+        third = SubgraphWidget([], [{"reason": "print() call", "location": "cell [2], line 9"}])._repr_mimebundle_()
+    finally:
+        T._STATIC.update(saved)
+    for bundle in (first, second, third):
+        assert {"application/vnd.jupyter.widget-view+json", "text/plain", "text/html"} <= set(bundle)
+    # plotly.js inlined once per kernel (the first static copy), never from a CDN
+    assert first["text/html"].count("Plotly.newPlot") == 1 and len(first["text/html"]) > 3_000_000
+    assert second["text/html"].count("Plotly.newPlot") == 2 and len(second["text/html"]) < 500_000
+    assert "cdn.plot.ly" not in first["text/html"] + second["text/html"]
+    assert "every lane idle" in first["text/html"] and "aten::mm" in first["text/html"]
+    assert "print() call" in third["text/html"]
+    # an exported notebook without widget state shows each figure once, as the static copy
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("w", outputs=[nbformat.v4.new_output("display_data", data=b)])
+                for b in (first, second)]
+    body, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
+    assert body.count("Plotly.newPlot(") == 3  # timeline; memory history and block map
+    assert "application/vnd.jupyter.widget-view+json" not in body
+
+
 # ------------------------------------------------------------------------------------ memory
 def fake_snapshot() -> dict:
     frames = [{"filename": "/x/torch/nn/mod.py", "line": 3, "name": "f"}, {"filename": "nb.py", "line": 7, "name": "g"}]

@@ -1,9 +1,10 @@
 """Interactive widgets around the pure builders of :mod:`.figures`, and the static HTML export.
 
-* :class:`TimelineWidget` -- summary bar (time per engine, idle gaps, syncs), the kernel timeline as a
-  Plotly ``FigureWidget`` with a range slider, a colour toggle, and a details panel filled when a
-  kernel is clicked (its fields and its neighbours in the lane). Zooming re-runs the level-of-detail
-  aggregation for the visible window.
+* :class:`TimelineWidget` -- summary bar (span, busy and idle time, compressed idle breaks), the kernel
+  timeline as a Plotly ``FigureWidget`` with a range slider, a colour toggle, and a details panel filled
+  when a kernel is clicked (its fields and its neighbours in the lane). Zooming re-runs the
+  level-of-detail aggregation for the visible window; zooming out (double-click, Reset axes, the range
+  slider) re-runs it for the whole trace.
 * :class:`MemoryWidget` -- allocated/reserved over time, a slider for the moment, the segment/block map
   and the top live allocations at that moment.
 * :class:`SubgraphWidget` -- compiled subgraphs (pick one: FX code highlighted, kernels, guards) and
@@ -11,7 +12,11 @@
 * :func:`save_html` -- a self-contained HTML file (plotly.js embedded, no CDN) that works offline.
 
 Without a widget front-end (terminal IPython, nbconvert to text) each widget shows a text summary:
-``repr()`` and ``_repr_pretty_`` give it, and it is the ``text/plain`` entry of the mimebundle.
+``repr()`` and ``_repr_pretty_`` give it, and it is the ``text/plain`` entry of the mimebundle. After
+:func:`static_fallback` the mimebundle also carries a static copy (``text/html``: the same figures with
+plotly.js inlined once per kernel, no CDN): a front-end that renders widgets shows the widget only, and a
+notebook exported without widget state (nbconvert's HTML report) shows the static copy only -- one
+display either way.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import plotly.graph_objects as go
 from torchneuron_lab.tracing import KernelEvent, Trace
 from torchneuron_lab.widgets import figures as F
 
-__all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "save_html"]
+__all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "save_html", "static_fallback"]
 
 _CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
 
@@ -78,17 +83,45 @@ def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "")
     return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
 
 
+_STATIC: dict[str, bool] = {"enabled": False, "plotlyjs_sent": False}
+
+
+def static_fallback(enabled: bool = True) -> None:
+    """Make every widget displayed from now on also carry a static copy of itself (``text/html``).
+
+    For notebooks that are exported to HTML (``torchneuron-lab demo``'s report, ``jupyter nbconvert``):
+    there the widget cannot render and the static copy is shown instead; a live front-end shows only the
+    widget. plotly.js (about 4.6 MB) is inlined in the first static copy of the kernel only, which is why
+    this is off by default.
+    """
+    _STATIC["enabled"] = bool(enabled)
+
+
+def _static_figure(fig: go.Figure) -> str:
+    """``fig`` as an HTML fragment; plotly.js inlined the first time in this process (no CDN)."""
+    first = not _STATIC["plotlyjs_sent"]
+    text = fig.to_html(include_plotlyjs=first, full_html=False, config={"displaylogo": False})
+    _STATIC["plotlyjs_sent"] = True
+    return str(text.replace(_CDN_TOPOJSON, '"topojson/"'))
+
+
 class _TextFallback:
     """The full text summary as ``text/plain`` (ipywidgets cuts its repr at 110 characters), shown
-    by terminal IPython and nbconvert to text, next to the widget view for front-ends that have one."""
+    by terminal IPython and nbconvert to text, next to the widget view for front-ends that have one;
+    with :func:`static_fallback` also ``text/html`` (:meth:`static_html`)."""
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         data: dict[str, Any] = super()._repr_mimebundle_(**kwargs) or {}  # type: ignore[misc]
         data["text/plain"] = repr(self)
+        if _STATIC["enabled"]:
+            data["text/html"] = self.static_html()
         return data
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))
+
+    def static_html(self) -> str:  # pragma: no cover - every widget overrides it
+        raise NotImplementedError
 
 
 class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
@@ -142,7 +175,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.summary_bar.add_class("tnl-summary")
         self.details = W.HTML("<i>Click a kernel to see its details and neighbours.</i>",
                               layout=W.Layout(width=f"{self.DETAILS_PX}px", min_width=f"{self.DETAILS_PX}px",
-                                              overflow_y="auto", overflow_x="hidden",
+                                              overflow="hidden auto",
                                               max_height=f"{fig.layout.height}px"))
         self.details.add_class("tnl-details")
         self.color_toggle = W.ToggleButtons(options=[("op family", "family"), ("subgraph", "subgraph")],
@@ -158,6 +191,13 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         if self.dropped:
             text += f"\n(the recorder dropped {self.dropped} events: the trace is incomplete)"
         return f"TimelineWidget: {text}"
+
+    def static_html(self) -> str:
+        """The summary bar and the whole-trace figure as static HTML (what an exported notebook shows)."""
+        fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
+                                pixels=self.pixels, rangeslider=True, width=self.width + self.DETAILS_PX,
+                                axis=self.axis)
+        return f"<div class='tnl-timeline-static'>{self._summary_html()}{_static_figure(fig)}</div>"
 
     # -- drawing -------------------------------------------------------------------------------
     def _summary_html(self) -> str:
@@ -288,6 +328,15 @@ class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         super().__init__([W.HTML(self._summary_html()), self.history, self.slider, self.moment,
                           self.segments, self.top_html])
 
+    def static_html(self) -> str:
+        """Summary, allocator history, block map and top allocations now, as static HTML."""
+        seg = F.segment_map_figure(self.snapshot, device=self.device)
+        rows = F.top_allocations(self.snapshot, self.top, device=self.device)
+        top = "<b>top live allocations</b>" + _table(
+            [{"size": F._fmt_bytes(r["size"]), "allocated at": r["source"]} for r in rows])
+        return (f"<div class='tnl-memory-static'>{self._summary_html()}{_static_figure(go.Figure(self.history))}"
+                f"{_static_figure(seg)}{top}</div>")
+
     def _summary_html(self) -> str:
         meta = self.history.layout.meta["devices"]
         parts = [f"<b>neuron:{d}</b> peak allocated {F._fmt_bytes(m['peak_allocated'])}, peak reserved "
@@ -344,9 +393,14 @@ class SubgraphWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.picker.observe(lambda ch: self.show(ch["new"]), names="value")
         if options:
             self.show(0)
-        super().__init__([W.HTML("<b>compiled subgraphs</b>" + _table(self.rows)), self.picker, self.detail,
-                          W.HTML("<b>graph breaks</b>" + _table(
-                              [{k: r[k] for k in ("reason", "location", "function", "count")} for r in self.breaks]))])
+        self._rows_html = "<b>compiled subgraphs</b>" + _table(self.rows)
+        self._breaks_html = "<b>graph breaks</b>" + _table(
+            [{k: r[k] for k in ("reason", "location", "function", "count")} for r in self.breaks])
+        super().__init__([W.HTML(self._rows_html), self.picker, self.detail, W.HTML(self._breaks_html)])
+
+    def static_html(self) -> str:
+        """The tables, the picked subgraph's code, kernels and guards, as static HTML."""
+        return f"<div class='tnl-subgraphs-static'>{self._rows_html}{self.detail.value}{self._breaks_html}</div>"
 
     def show(self, i: int) -> None:
         rec = self.records[i]
