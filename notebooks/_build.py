@@ -18,20 +18,13 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 HERE = Path(__file__).resolve().parent
 PACKAGE_COPY = HERE.parent / "torchneuron_lab" / "notebooks"
 
-# A figure is shown twice: as the live Plotly figure and, for the offline HTML report (nbconvert), as a
-# static HTML block with plotly.js embedded once per notebook (no CDN).
-SHOW_HELPER = '''\
-from IPython.display import HTML, display
+# Each figure is displayed once: the magics' widgets carry a static copy of themselves (text/html, plotly.js
+# inlined once per notebook, no CDN) after ``static_fallback()``. A live front-end shows the widget only; the
+# exported HTML report, which has no widget state, shows the static copy only.
+STATIC_FALLBACK = """\
+from torchneuron_lab.widgets import static_fallback
 
-_plotlyjs_embedded = False
-
-
-def show_static(fig):
-    """Display ``fig`` as self-contained HTML (plotly.js inlined the first time; no CDN)."""
-    global _plotlyjs_embedded
-    display(HTML(fig.to_html(include_plotlyjs=not _plotlyjs_embedded, full_html=False,
-                             config={"displaylogo": False})))
-    _plotlyjs_embedded = True'''
+static_fallback()  # widgets also carry a static copy, shown only where they cannot render (the HTML report)"""
 
 
 def md(text: str) -> nbformat.NotebookNode:
@@ -55,6 +48,7 @@ and profiles one training step.
     code("""
 %load_ext torchneuron_lab
 """),
+    code(STATIC_FALLBACK),
     code("""
 import torch
 
@@ -103,25 +97,10 @@ print(f"profile: {prof.count('kernel')} kernels, {prof.count('sync')} host syncs
     md("""
 ## Timeline and memory
 
-The same events as a Plotly timeline (one lane per device x engine, plus the host), and the allocator's
-memory over time. `TimelineWidget(prof.trace)` gives the interactive version with a details panel.
-"""),
-    code(SHOW_HELPER),
-    code("""
-from torchneuron_lab.widgets import memory_figure, timeline_figure
-
-fig = timeline_figure(prof.trace, title="one training step on neuron")
-show_static(fig)
-"""),
-    code("""
-torch.neuron.memory._record_memory_history(max_entries=100000)
-for _ in range(2):
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-snapshot = torch.neuron.memory._snapshot()
-torch.neuron.memory._record_memory_history(enabled=None)
-show_static(memory_figure(snapshot))
+In a Jupyter kernel the profiled cell above shows the interactive timeline (one lane per device x engine,
+plus the host; hover or click a kernel for its details, drag to zoom, double-click to zoom out) and, with
+`--memory`, the allocator's memory over the cell with its block map. `%neuron_memory` gives the allocator's
+state now.
 """),
     code("""
 %neuron_memory
@@ -337,11 +316,15 @@ TIMELINE = [
 The same training step run eagerly and through `torch.compile(backend="neuron")`, each profiled with
 `%%neuron_profile`. Eager mode launches one kernel per ATen op; the compiled step runs fused Inductor
 kernels. Host syncs (`.item()`) and first-time op signatures are marked; both traces are exported as
-Perfetto JSON.
+Perfetto JSON. Each profiled cell shows its interactive timeline; "colour by: subgraph" tells the compiled
+graphs' kernels apart.
 """),
     code("""
 %load_ext torchneuron_lab
 import torch
+"""),
+    code(STATIC_FALLBACK),
+    code("""
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(
@@ -381,13 +364,6 @@ for name, p in (("eager", eager), ("compiled", compiled)):
     fused = sum(1 for e in p.events if e.kind == "kernel" and e.subgraph >= 0)
     print(f"{name}: {p.count('kernel')} kernels ({fused} from compiled graphs), {p.count('sync')} host syncs, "
           f"{len(p.summary['new_signatures'])} new signatures")
-"""),
-    code(SHOW_HELPER),
-    code("""
-from torchneuron_lab.widgets import timeline_figure
-
-for name, p in (("eager", eager), ("compiled", compiled)):
-    show_static(timeline_figure(p.trace, title=f"{name}: 2 training steps", color_by="subgraph"))
 """),
     md("""
 ## Perfetto export

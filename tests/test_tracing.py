@@ -452,9 +452,29 @@ def test_lane_utilization(events: list[KernelEvent]) -> None:
     assert [r["utilization"] for r in rows] == [0.6, 1.0, pytest.approx(700 / 6300), 1.0]
 
 
+def test_activity_is_the_union_of_lanes_and_adds_up_to_the_span(events: list[KernelEvent]) -> None:
+    from torchneuron_lab.tracing.summary import activity
+
+    got = activity(events)
+    # busy union: [0,500) [1000,3000) [3500,4200) [5000,6000) [6100,6300); the span ends at the marker (7000)
+    assert got["gaps"] == [
+        {"start_ns": BASE + s, "end_ns": BASE + e, "gap_ns": e - s}
+        for s, e in ((500, 1000), (3000, 3500), (4200, 5000), (6000, 6100), (6300, 7000))
+    ]
+    assert (got["span_ns"], got["busy_ns"], got["idle_ns"]) == (7000, 4400, 2600)
+    assert got["busy_ns"] + got["idle_ns"] == got["span_ns"]
+    assert sum(g["gap_ns"] for g in got["gaps"]) == got["idle_ns"]
+    # per-lane idle adds up to more than the union's: the two definitions differ, and only the union's
+    # idle time can be set beside the span
+    per_lane = sum(g["gap_ns"] for g in idle_gaps(events))
+    assert per_lane == 7600 > got["span_ns"] > got["idle_ns"]
+    assert activity([]) == {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gaps": []}
+
+
 def test_summarize_is_json_serialisable(trace: Trace) -> None:
     s = summarize(trace, k=1)
     assert s["num_events"] == 9 and s["span_ns"] == 7000
+    assert (s["activity"]["busy_ns"], s["activity"]["idle_ns"]) == (4400, 2600)
     assert [r["name"] for r in s["top_kernels"]] == ["aten::mm"]
     json.dumps(s, allow_nan=False)
     assert summarize([])["num_events"] == 0

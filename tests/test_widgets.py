@@ -20,6 +20,7 @@ from torchneuron_lab import tracing
 from torchneuron_lab.compiler.registry import SubgraphRecord
 from torchneuron_lab.device import recorder
 from torchneuron_lab.tracing import KernelEvent, Trace
+from torchneuron_lab.tracing.summary import activity
 from torchneuron_lab.widgets import figures as F
 from torchneuron_lab.widgets.timeline import MemoryWidget, SubgraphWidget, TimelineWidget, save_html
 
@@ -97,13 +98,14 @@ def test_every_event_is_drawn_once_with_markers_for_syncs_compiles_ooms(small: T
     assert by_trace == {"matmul": 1, "elementwise": 2, "reduction": 1, "dma": 1, "compile": 1,
                         "elementwise (compiled)": 1, "matmul (compiled)": 1,
                         "host sync": 1, "compile start": 1, "OOM": 1}
-    # compiled kernels are drawn differently (dashed, diamonds)
+    # compiled kernels are drawn differently (hatched, outlined)
     compiled = [t for t in fig.data if "(compiled)" in (t.name or "")]
-    assert {t.line.dash for t in compiled if t.mode == "lines"} == {"dash"}
-    assert {t.marker.symbol for t in compiled if t.mode == "markers"} == {"diamond"}
-    # a box is a line from start to end (µs since the first event) on its lane
-    mm = next(t for t in fig.data if t.name == "matmul" and t.mode == "lines")
-    assert list(mm.x[:2]) == [2.0, 12.0] and list(mm.y[:2]) == [0.0, 0.0]
+    assert {t.marker.pattern.shape for t in compiled} == {"/"}
+    assert {t.marker.pattern.shape for t in fig.data if t.type == "bar" and "(compiled)" not in t.name} == {None}
+    # a box is a bar from start to end (µs since the first event) on its lane: hover and click anywhere on it
+    mm = next(t for t in fig.data if t.name == "matmul")
+    assert mm.type == "bar" and mm.orientation == "h"
+    assert (list(mm.base), list(mm.x), list(mm.y)) == ([2.0], [10.0], [0.0])
     # markers sit on their lanes: sync and OOM on the host lane
     host = F.lanes_of(small).index("host")
     assert [t.y[0] for t in fig.data if t.name in ("host sync", "OOM")] == [host, host]
@@ -122,15 +124,18 @@ def test_hover_has_every_field_and_labels_the_estimate(small: Trace) -> None:
     (fused,) = hover_points(fig)["matmul (compiled)"]
     assert "subgraph: 3" in fused
     # customdata maps each marker back to the event
-    tr = next(t for t in fig.data if t.name == "matmul" and t.mode == "markers")
+    tr = next(t for t in fig.data if t.name == "matmul")
     assert [list(map(int, row)) for row in tr.customdata] == [[1, 1]]
+    assert "start: 2.00 µs after the first event" in mm
 
 
 def test_color_by_subgraph_and_renderer(small: Trace) -> None:
     fig = F.timeline_figure(small, color_by="subgraph", pixels=100_000)
     names = {t.name for t in fig.data}
     assert {"subgraph 3", "eager", "dma"} <= names
-    assert all(t.type == "scattergl" for t in F.timeline_figure(small, render="webgl").data)
+    webgl = F.timeline_figure(small, render="webgl")
+    assert {t.type for t in webgl.data if (t.meta or {}).get("role") == "marker"} == {"scattergl"}
+    assert {t.type for t in webgl.data if (t.meta or {}).get("role") == "hover"} == {"bar"}
     with pytest.raises(ValueError, match="color_by must be"):
         F.timeline_figure(small, color_by="engine")
 
@@ -176,7 +181,7 @@ def test_max_boxes_bounds_the_payload() -> None:
     assert fig.layout.meta["num_boxes"] <= 800
     assert fig.layout.meta["num_events"] == 60_000
     merged = sum(int(t.hovertext[i].split("<b>")[1].split(" ")[0].replace(",", ""))
-                 for t in fig.data if t.name == "merged (zoom in)" and t.mode == "markers"
+                 for t in fig.data if t.name == "merged (zoom in)"
                  for i in range(len(t.hovertext)))
     singles = sum(len(t.x) for t in fig.data if (t.meta or {}).get("role") == "hover" and t.name != "merged (zoom in)")
     assert merged + singles == 60_000
@@ -188,11 +193,19 @@ def test_summary_matches_the_tracing_layer(small: Trace) -> None:
     ref = tracing.time_by_engine(small)
     assert {k: (v["count"], v["total_ns"], v["busy_ns"]) for k, v in s["engines"].items()} == {
         k: (v["count"], v["total_ns"], v["busy_ns"]) for k, v in ref.items()}
+    act = activity(small)
+    assert (s["span_ns"], s["busy_ns"], s["idle_ns"], s["idle_gaps"]) == (
+        act["span_ns"], act["busy_ns"], act["idle_ns"], len(act["gaps"]))
+    # busy: [0,1) [2,12) [13,14) [15,16) [17,19) [20,30) [33,34) µs = 26 µs of the 40 µs span (the OOM
+    # at 40 µs ends it); idle: the 7 stretches between, 14 µs
+    assert (s["span_ns"], s["busy_ns"], s["idle_ns"], s["idle_gaps"]) == (40_000, 26_000, 14_000, 7)
+    # per lane: as tracing.idle_gaps defines it
     gaps = tracing.idle_gaps(small)
-    assert s["idle_gaps"] == len(gaps) and s["idle_ns"] == sum(g["gap_ns"] for g in gaps)
+    assert sum(v["gaps"] for v in s["lanes"].values()) == len(gaps)
+    assert sum(v["idle_ns"] for v in s["lanes"].values()) == sum(g["gap_ns"] for g in gaps)
     assert (s["syncs"], s["compiles"], s["ooms"], s["sync_wait_ns"]) == (1, 1, 1, 500)
     text = F.summary_text(s)
-    assert "1 host syncs" in text and "tensor" in text
+    assert "1 host syncs" in text and "tensor" in text and "every lane idle 14.00 µs in 7 stretches" in text
 
 
 # ------------------------------------------------------------------------------------ recorded data
@@ -234,7 +247,10 @@ def test_timeline_widget(recorded: Trace) -> None:
     w = TimelineWidget(recorded)
     assert isinstance(w.figure, go.FigureWidget)
     assert w.figure.layout.xaxis.rangeslider.visible is True
-    assert "syncs</b> 2" in w.summary_bar.value and "time per engine" in w.summary_bar.value
+    # the summary bar says what only the figure shows; time per engine, syncs etc. are the tables' job
+    bar = w.summary_bar.value
+    assert f"{len(recorded):,} events over" in bar and "every lane idle" in bar
+    assert "time per engine" not in bar and "syncs" not in bar and "compiles" not in bar
     mm = next(i for i, e in enumerate(w.events) if e.name == "aten::mm")
     shown = w.select(mm)
     assert shown["event"]["op"] == "aten::mm" and "roofline estimate" in shown["event"]
@@ -259,6 +275,156 @@ def test_timeline_widget_refines_on_zoom() -> None:
     after = w.figure.layout.meta
     assert w.window is not None and after["merged"] < before["merged"]
     assert list(w.figure.layout.xaxis.range) == [lo, hi]
+
+
+def warmup_then_loop(delay_ns: int = 200_000_000, kernels: int = 50) -> list[KernelEvent]:
+    """One kernel, a long idle stretch (the first-kernel delay, or think-time), then a busy loop of
+    ``kernels`` 1.5 µs kernels every 2 µs on two lanes."""
+    evs = [ev(0, "aten::mm", 0, "tensor", 0, 1_000)]
+    for i in range(1, kernels + 1):
+        s = 1_000 + delay_ns + (i - 1) * 2_000
+        evs.append(ev(i, "aten::add", 0, "vector" if i % 2 else "scalar", s, s + 1_500))
+    return evs
+
+
+def test_long_idle_stretch_is_collapsed_into_a_marked_break() -> None:
+    evs = warmup_then_loop()
+    ax = F.time_axis(evs)
+    # busy 1 µs + 99.5 µs; the 200 ms stretch is >= 1 ms and >= 25% of that: collapsed
+    assert ax.breaks == [(1_000, 200_001_000)]
+    active_us = (evs[-1].end_ns - evs[0].start_ns - 200_000_000) / 1e3
+    assert ax.end_x == pytest.approx(active_us * (1 + F.BREAK_WIDTH))  # the view is the activity
+    # measured time <-> axis: slope 1 outside the break, round trip exact
+    t = np.asarray([0, 500, 1_000, 200_001_000, 200_050_000, 200_100_500])
+    assert ax.t(ax.x(t)).tolist() == t.tolist()
+    assert ax.x([200_051_000])[0] - ax.x([200_001_000])[0] == pytest.approx(50.0)
+    fig = F.timeline_figure(evs)
+    assert fig.layout.meta["breaks"] == [[1_000, 200_001_000]]
+    (band,) = [sh for sh in fig.layout.shapes if sh.type == "rect"]
+    assert (band.x0, band.x1) == pytest.approx((1.0, 1.0 + F.BREAK_WIDTH * active_us))
+    assert [a.text for a in fig.layout.annotations] == ["idle 200.00 ms"]
+    assert "1 idle stretch compressed" in fig.layout.xaxis.title.text
+    # ticks give measured time, never inside the break, and increase
+    vals, texts = list(fig.layout.xaxis.tickvals), list(fig.layout.xaxis.ticktext)
+    assert texts[0] == "0.00 ms" and texts[-1] == "200.10 ms" and vals == sorted(vals)
+    assert not any(band.x0 < v < band.x1 for v in vals)
+    # every bar sits where its event is on the compressed axis, the loop right after the break
+    bars = [t for t in fig.data if t.type == "bar"]
+    starts = sorted(float(b) for t in bars for b in t.base)
+    assert starts[0] == 0.0 and starts[1] == pytest.approx(band.x1)
+
+
+def test_short_or_regular_gaps_stay_to_scale() -> None:
+    loop = [ev(i, "aten::add", 0, "vector", i * 400_000, i * 400_000 + 100_000) for i in range(10)]  # 0.3 ms gaps
+    assert F.time_axis(loop).breaks == []
+    # 1.5 ms idle in a trace with 20 ms of activity: under 25% of the active time, kept to scale
+    busy = [ev(0, "aten::mm", 0, "tensor", 0, 10_000_000), ev(1, "aten::mm", 0, "tensor", 11_500_000, 21_500_000)]
+    assert F.time_axis(busy).breaks == []
+    fig = F.timeline_figure(busy)
+    assert fig.layout.xaxis.tickmode is None and fig.layout.meta["breaks"] == []
+    # think-time between cells: two bursts 10 s apart, both breaks collapsed
+    cells = warmup_then_loop(5_000_000_000) + [ev(99, "aten::relu", 0, "vector", 15_000_000_000, 15_000_002_000)]
+    assert [b[1] - b[0] for b in F.time_axis(cells).breaks] == [5_000_000_000, 15_000_000_000 - 5_000_100_500]
+
+
+def test_summary_idle_never_exceeds_the_span() -> None:
+    # two lanes idling at different times: per-lane idle adds up to more than the span, the union's never
+    evs = [ev(0, "aten::mm", 0, "tensor", 0, 100_000), ev(1, "aten::mm", 0, "tensor", 190_000, 200_000),
+           ev(2, "aten::add", 0, "vector", 10_000, 20_000), ev(3, "aten::add", 0, "vector", 180_000, 190_000)]
+    s = F.timeline_summary(evs)
+    assert sum(v["idle_ns"] for v in s["lanes"].values()) == 90_000 + 160_000 > s["span_ns"] == 200_000
+    assert (s["busy_ns"], s["idle_ns"], s["idle_gaps"]) == (120_000, 80_000, 1)
+    assert s["busy_ns"] + s["idle_ns"] == s["span_ns"]
+    for seed in range(3):
+        events = synth(3_000, seed=seed)
+        s = F.timeline_summary(events)
+        act = activity(events)
+        assert (s["busy_ns"], s["idle_ns"], s["idle_gaps"]) == (act["busy_ns"], act["idle_ns"], len(act["gaps"]))
+        assert 0 <= s["idle_ns"] <= s["span_ns"] and s["busy_ns"] + s["idle_ns"] == s["span_ns"]
+    w = TimelineWidget(Trace(evs))
+    assert "some lane busy 120.00 µs · every lane idle 80.00 µs (40%)" in w.summary_bar.value
+
+
+def test_bars_cover_their_events_and_the_extent_covers_the_trace(small: Trace) -> None:
+    fig = F.timeline_figure(small, pixels=100_000)
+    cols = F.EventColumns.build(small)
+    for tr in fig.data:
+        if tr.type != "bar":
+            continue
+        for (seq, i), base, width in zip(tr.customdata, tr.base, tr.x):
+            e = cols.events[int(i)]
+            assert e.seq == int(seq)
+            assert (base, base + width) == pytest.approx(((e.start_ns - cols.t0) / 1e3, (e.end_ns - cols.t0) / 1e3))
+    (extent,) = [t for t in fig.data if (t.meta or {}).get("role") == "extent"]
+    assert list(extent.x) == [0.0, 40.0] and extent.hoverinfo == "skip" and extent.showlegend is False
+
+
+def test_zoom_out_returns_to_the_full_view_and_re_aggregates() -> None:
+    w = TimelineWidget(Trace(synth(20_000, seed=3)), max_boxes=2000)
+    full = dict(w.figure.layout.meta)
+    end = w.axis.end_x
+    # drag-zoom as the browser reports it
+    w.figure.plotly_relayout({"xaxis.range[0]": end * 0.40, "xaxis.range[1]": end * 0.41})
+    zoomed = dict(w.figure.layout.meta)
+    assert w.window is not None and zoomed["merged"] < full["merged"] and zoomed["num_events"] == full["num_events"]
+    extent = [t for t in w.figure.data if (t.meta or {}).get("role") == "extent"]
+    assert [list(t.x) for t in extent] == [[0.0, end]]  # autorange still sees the whole trace
+    # double-click / Reset axes / Autoscale: autorange
+    w.figure.plotly_relayout({"xaxis.autorange": True})
+    assert w.window is None and dict(w.figure.layout.meta) == full
+    # zoom again, then the range slider pulled out to the whole trace (plotly pads a little)
+    w.figure.plotly_relayout({"xaxis.range[0]": end * 0.1, "xaxis.range[1]": end * 0.2})
+    assert w.window is not None and w.figure.layout.xaxis.autorange is False
+    w.figure.plotly_relayout({"xaxis.range": [-end * 0.01, end * 1.01]})
+    assert w.window is None and dict(w.figure.layout.meta) == full
+    # and double-click works a second time
+    w.figure.plotly_relayout({"xaxis.range[0]": end * 0.5, "xaxis.range[1]": end * 0.6})
+    w.figure.plotly_relayout({"xaxis.autorange": True})
+    assert w.window is None and dict(w.figure.layout.meta) == full
+
+
+def test_zoom_on_a_compressed_axis_maps_back_to_measured_time() -> None:
+    evs = warmup_then_loop()
+    w = TimelineWidget(Trace(evs))
+    x0, x1 = (float(v) for v in w.axis.x([200_011_000, 200_031_000]))
+    w.figure.plotly_relayout({"xaxis.range[0]": x0, "xaxis.range[1]": x1})
+    assert w.window == (200_011_000, 200_031_000)
+    # ticks recomputed for the window (20 µs: a 5 µs step), in measured time
+    assert list(w.figure.layout.xaxis.ticktext) == ["200.015 ms", "200.020 ms", "200.025 ms", "200.030 ms"]
+
+
+def test_static_fallback_one_display_live_or_exported(recorded: Trace) -> None:
+    """With static_fallback() a widget's display data holds the widget view AND a static copy: a live
+    front-end renders the widget, an export without widget state (nbconvert) the static copy -- never both."""
+    nbformat = pytest.importorskip("nbformat")
+    nbconvert = pytest.importorskip("nbconvert")
+    from torchneuron_lab.widgets import timeline as T
+
+    saved = dict(T._STATIC)
+    try:
+        T._STATIC.update(enabled=False, plotlyjs_sent=False)
+        assert "text/html" not in TimelineWidget(recorded)._repr_mimebundle_()  # off by default
+        T.static_fallback()
+        first = TimelineWidget(recorded)._repr_mimebundle_()
+        second = MemoryWidget(fake_snapshot())._repr_mimebundle_()
+        third = SubgraphWidget([], [{"reason": "print() call", "location": "cell [2], line 9"}])._repr_mimebundle_()
+    finally:
+        T._STATIC.update(saved)
+    for bundle in (first, second, third):
+        assert {"application/vnd.jupyter.widget-view+json", "text/plain", "text/html"} <= set(bundle)
+    # plotly.js inlined once per kernel (the first static copy), never from a CDN
+    assert first["text/html"].count("Plotly.newPlot") == 1 and len(first["text/html"]) > 3_000_000
+    assert second["text/html"].count("Plotly.newPlot") == 2 and len(second["text/html"]) < 500_000
+    assert "cdn.plot.ly" not in first["text/html"] + second["text/html"]
+    assert "every lane idle" in first["text/html"] and "aten::mm" in first["text/html"]
+    assert "print() call" in third["text/html"]
+    # an exported notebook without widget state shows each figure once, as the static copy
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("w", outputs=[nbformat.v4.new_output("display_data", data=b)])
+                for b in (first, second)]
+    body, _ = nbconvert.HTMLExporter().from_notebook_node(nb)
+    assert body.count("Plotly.newPlot(") == 3  # timeline; memory history and block map
+    assert "application/vnd.jupyter.widget-view+json" not in body
 
 
 # ------------------------------------------------------------------------------------ memory

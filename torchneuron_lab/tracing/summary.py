@@ -6,6 +6,12 @@ the recorder's measured nanoseconds; the only estimate anywhere is ``est_total_n
 :func:`top_kernels`, which sums the events' roofline ESTIMATES and says so in its name.
 
 A *lane* is one (device, engine) pair: one row of the timeline.
+
+Idle time is reported two ways, and they are never mixed: :func:`idle_gaps` and
+:func:`lane_utilization` are PER LANE (a lane can idle while another works, so their idle times add up
+to more than the trace's span), while :func:`activity` is the UNION OF LANES -- the stretches of the
+trace's span in which no lane was busy -- so that ``busy_ns + idle_ns == span_ns`` exactly. A summary
+line that sets idle time next to the span uses :func:`activity`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from torchneuron_lab.tracing.events import DIRECTIONS, ENGINES, KernelEvent
 __all__ = [
     "BUSY_KINDS",
     "TOP_KERNEL_KEYS",
+    "activity",
     "idle_gaps",
     "lane_utilization",
     "new_signatures",
@@ -288,6 +295,39 @@ def idle_gaps(
     return rows
 
 
+def activity(
+    events: Iterable[KernelEvent], *, kinds: Iterable[str] | None = BUSY_KINDS
+) -> dict[str, Any]:
+    """Busy and idle time of the trace as a whole: the UNION of all lanes.
+
+    ``span_ns`` runs from the first event's start to the last event's end (events of every kind, so a
+    trailing host sync is inside the span); ``busy_ns`` is the union of the intervals of the ``kinds``
+    events on every lane (time in which at least one lane was busy); ``idle_ns = span_ns - busy_ns``
+    (time in which no lane was busy, so ``idle_ns <= span_ns`` and ``busy_ns + idle_ns == span_ns``);
+    ``gaps`` lists those idle stretches as ``{"start_ns", "end_ns", "gap_ns"}`` in time order (leading
+    and trailing ones inside the span included), so ``sum(g["gap_ns"]) == idle_ns``.
+
+    Args:
+        kinds: kinds that make a lane busy (default :data:`BUSY_KINDS`); None for all.
+    """
+    evs = list(events)
+    if not evs:
+        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gaps": []}
+    lo = min(e.start_ns for e in evs)
+    hi = max(e.end_ns for e in evs)
+    merged = _merge([(e.start_ns, e.end_ns) for e in _select(evs, kinds)])
+    gaps: list[dict[str, int]] = []
+    cursor = lo
+    for s, e in merged:
+        if s > cursor:
+            gaps.append({"start_ns": cursor, "end_ns": s, "gap_ns": s - cursor})
+        cursor = max(cursor, e)
+    if hi > cursor:
+        gaps.append({"start_ns": cursor, "end_ns": hi, "gap_ns": hi - cursor})
+    busy = sum(b - a for a, b in merged)
+    return {"span_ns": hi - lo, "busy_ns": busy, "idle_ns": hi - lo - busy, "gaps": gaps}
+
+
 def lane_utilization(
     events: Iterable[KernelEvent], *, kinds: Iterable[str] | None = BUSY_KINDS
 ) -> list[dict[str, Any]]:
@@ -313,13 +353,15 @@ def lane_utilization(
 
 
 def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str, Any]:
-    """All summaries at once: ``num_events``, ``span_ns``, ``time_by_engine``, ``top_kernels``,
-    ``sync_events``, ``transfers``, ``new_signatures``, ``lane_utilization`` and ``idle_gaps``."""
+    """All summaries at once: ``num_events``, ``span_ns``, ``activity`` (union of lanes),
+    ``time_by_engine``, ``top_kernels``, ``sync_events``, ``transfers``, ``new_signatures``,
+    ``lane_utilization`` and ``idle_gaps`` (per lane)."""
     evs = list(events)
     span = (max(e.end_ns for e in evs) - min(e.start_ns for e in evs)) if evs else 0
     return {
         "num_events": len(evs),
         "span_ns": span,
+        "activity": activity(evs),
         "time_by_engine": time_by_engine(evs),
         "top_kernels": top_kernels(evs, k),
         "sync_events": sync_events(evs),

@@ -3,7 +3,8 @@
 - :mod:`.figures` -- pure builders (events / snapshot / records -> ``plotly.graph_objects.Figure``),
   the level-of-detail aggregation and the vectorised timeline summary. Needs plotly and numpy.
 - :mod:`.timeline` -- :class:`TimelineWidget`, :class:`MemoryWidget`, :class:`SubgraphWidget` (ipywidgets
-  + Plotly ``FigureWidget``, which needs anywidget) and :func:`save_html` (offline, self-contained).
+  + Plotly ``FigureWidget``, which needs anywidget), :func:`save_html` (offline, self-contained) and
+  :func:`static_fallback` (widgets also carry a static copy for notebooks exported to HTML).
 
 Names are imported lazily so that ``import torchneuron_lab.widgets.figures`` does not load ipywidgets.
 """
@@ -21,6 +22,7 @@ __all__ = [
     "memory_figure",
     "save_html",
     "segment_map_figure",
+    "static_fallback",
     "subgraph_table_figure",
     "timeline_figure",
 ]

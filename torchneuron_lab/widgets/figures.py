@@ -8,14 +8,17 @@ these functions (STYLE habit 6). Inputs are the plain data of the other layers o
 * subgraph records as dicts (``SubgraphRecord.as_dict()``) and graph breaks as dicts.
 
 Timeline layout: one lane (y row) per ``device x engine`` in :data:`ENGINES` order, plus one ``host``
-lane for host-side events (syncs). Each kernel is a thick horizontal line from start to end (bars as
-lines, so the figure scales to WebGL) plus one marker at its middle that carries the hover text and
-the click payload (``customdata``). Above :data:`WEBGL_THRESHOLD` points the traces are
-``go.Scattergl``; below, SVG ``go.Scatter``.
+lane for host-side events (syncs). Each kernel is a horizontal bar (``go.Bar`` with ``base``) from start
+to end that carries the hover text and the click payload (``customdata``), so the whole bar hovers and
+clicks. Instants (syncs, OOMs, compile starts) are markers; above :data:`WEBGL_THRESHOLD` of them they are
+``go.Scattergl``. Long idle stretches in which nothing at all was recorded are collapsed into shaded,
+labelled breaks of the x axis (:func:`time_axis`, rule at :data:`BREAK_MIN_NS`), so the figure opens on
+the activity.
 
 Level of detail: :func:`lod_aggregate` merges runs of sub-pixel kernels of a lane into aggregate boxes
 that carry their count; counts always add up to the events in the window (no kernel is lost). Times on
-the x axis are microseconds since the trace's first event.
+the x axis are microseconds since the trace's first event, less the collapsed breaks; tick labels,
+hovers and the details panel give measured time.
 """
 
 from __future__ import annotations
@@ -32,11 +35,16 @@ import plotly.graph_objects as go
 from torchneuron_lab.tracing import ENGINES, KernelEvent, Trace, device_name
 
 __all__ = [
+    "BREAK_FRACTION",
+    "BREAK_MIN_NS",
     "FAMILIES",
     "HOST_LANE",
     "LOD",
+    "MAX_BREAKS",
     "WEBGL_THRESHOLD",
     "EventColumns",
+    "TimeAxis",
+    "axis_ticks",
     "event_details",
     "graph_break_rows",
     "graph_breaks_figure",
@@ -50,6 +58,7 @@ __all__ = [
     "subgraph_rows",
     "subgraph_table_figure",
     "summary_text",
+    "time_axis",
     "timeline_figure",
     "timeline_summary",
     "top_allocations",
@@ -79,7 +88,6 @@ _FAMILY_RES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("copy/layout", re.compile(r"(copy|clone|cat|stack|index|gather|scatter|contiguous|fill|zero|empty|view|"
                                 r"permute|transpose|expand|slice|select|as_strided|_to_copy|where)")),
 )
-_BAR_WIDTH_PX = 14
 
 
 def op_family(name: str, kind: str = "kernel") -> str:
@@ -289,20 +297,25 @@ _BUSY = ("kernel", "dma", "compile")
 def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> dict[str, Any]:
     """What the summary bar shows, vectorised so that it stays fast at 1,000,000 events.
 
-    Returns ``{"num_events", "span_ns", "syncs", "sync_wait_ns", "ooms", "compiles",
-    "new_signatures", "engines": {engine: {"count", "total_ns", "busy_ns"}},
-    "lanes": {label: {"count", "busy_ns", "idle_ns", "gaps"}}, "idle_ns", "idle_gaps"}``, with the
-    same definitions as :func:`torchneuron_lab.tracing.time_by_engine` and
-    :func:`~torchneuron_lab.tracing.idle_gaps` (busy time is the union of a lane's intervals; gaps are
-    strictly inside a lane's span).
+    Returns ``{"num_events", "span_ns", "busy_ns", "idle_ns", "idle_gaps", "syncs", "sync_wait_ns",
+    "ooms", "compiles", "new_signatures", "engines": {engine: {"count", "total_ns", "busy_ns"}},
+    "lanes": {label: {"count", "busy_ns", "idle_ns", "gaps"}}}``.
+
+    Idle time has two definitions, kept apart: ``busy_ns`` / ``idle_ns`` / ``idle_gaps`` are the UNION
+    OF LANES, as :func:`torchneuron_lab.tracing.summary.activity` defines it (time of the span in which
+    no lane was busy: ``busy_ns + idle_ns == span_ns``), while ``lanes[...]`` are PER LANE as
+    :func:`torchneuron_lab.tracing.idle_gaps` defines them (gaps strictly inside one lane's span; summed
+    over lanes they can exceed the span). ``engines`` follows :func:`torchneuron_lab.tracing.time_by_engine`.
     """
     cols = events if isinstance(events, EventColumns) else EventColumns.build(events)
     n = len(cols.events)
     busy_mask = cols.kind_mask(*_BUSY)
     sync_mask = cols.kind_mask("sync")
+    lo = int(cols.start.min()) if n else 0
+    hi = int(cols.end.max()) if n else 0
     out: dict[str, Any] = {
         "num_events": n,
-        "span_ns": int(cols.end.max() - cols.start.min()) if n else 0,
+        "span_ns": hi - lo,
         "syncs": int(sync_mask.sum()),
         "sync_wait_ns": int((cols.end[sync_mask] - cols.start[sync_mask]).sum()),
         "ooms": int(cols.kind_mask("oom").sum()),
@@ -312,7 +325,17 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
     lanes: dict[str, dict[str, int]] = {}
     engines: dict[str, dict[str, int]] = {}
     idx = np.nonzero(busy_mask)[0]
+    busy_union = 0
+    union_gaps = 0
     if len(idx):
+        # union of lanes: merge every busy interval regardless of its lane
+        o = np.argsort(cols.start[idx], kind="stable")
+        us, ue = cols.start[idx][o], cols.end[idx][o]
+        run = np.maximum.accumulate(ue)
+        inner = us[1:] - run[:-1]
+        inner = inner[inner > 0]
+        busy_union = int(run[-1] - us[0]) - int(inner.sum())
+        union_gaps = len(inner) + int(us[0] > lo) + int(hi > run[-1])
         order = np.lexsort((cols.end[idx], cols.start[idx], cols.lane[idx]))
         idx = idx[order]
         lane, start, end = cols.lane[idx], cols.start[idx], cols.end[idx]
@@ -331,11 +354,14 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
             row["count"] += b - a
             row["total_ns"] += int((e - s).sum())
             row["busy_ns"] += busy
+    elif n and hi > lo:
+        union_gaps = 1
     order_e = sorted(engines, key=_engine_key)
     out["engines"] = {k: engines[k] for k in order_e}
     out["lanes"] = lanes
-    out["idle_ns"] = sum(v["idle_ns"] for v in lanes.values())
-    out["idle_gaps"] = sum(v["gaps"] for v in lanes.values())
+    out["busy_ns"] = busy_union
+    out["idle_ns"] = out["span_ns"] - busy_union
+    out["idle_gaps"] = union_gaps
     return out
 
 
@@ -343,9 +369,10 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     """Plain-text rendering of :func:`timeline_summary` (the terminal fallback)."""
     lines = [
         (
-            f"{summary['num_events']:,} events over {_fmt_ns(summary['span_ns'])}; "
+            f"{summary['num_events']:,} events over {_fmt_ns(summary['span_ns'])} "
+            f"(some lane busy {_fmt_ns(summary['busy_ns'])}, every lane idle {_fmt_ns(summary['idle_ns'])} "
+            f"in {summary['idle_gaps']} stretches); "
             f"{summary['syncs']} host syncs (waited {_fmt_ns(summary['sync_wait_ns'])}), "
-            f"{summary['idle_gaps']} idle gaps ({_fmt_ns(summary['idle_ns'])} idle), "
             f"{summary['compiles']} compiles, {summary['ooms']} OOMs"
         ),
         f"{'engine':<8} {'count':>10} {'total':>12} {'busy':>12}",
@@ -353,7 +380,6 @@ def summary_text(summary: Mapping[str, Any]) -> str:
     for engine, row in summary["engines"].items():
         lines.append(f"{engine:<8} {row['count']:>10,} {_fmt_ns(row['total_ns']):>12} {_fmt_ns(row['busy_ns']):>12}")
     return "\n".join(lines)
-
 
 # ------------------------------------------------------------------------------------ hover text
 def _fmt_ns(ns: float) -> str:
@@ -384,14 +410,17 @@ def _fmt_rate(amount: float, ns: int, unit: str) -> str:
     return f"{per_s:.2f} {unit}/s"
 
 
-def event_details(e: KernelEvent, profile: str | None = None) -> dict[str, Any]:
-    """The hover/details fields of one event as an ordered dict of label -> text."""
+def event_details(e: KernelEvent, profile: str | None = None, t0: int | None = None) -> dict[str, Any]:
+    """The hover/details fields of one event as an ordered dict of label -> text (with ``t0``, the
+    trace's first start in ns, also ``start``: the measured time since then)."""
     d: dict[str, Any] = {
         "op": e.name,
         "kind": e.kind,
         "lane": lane_label(e.device, e.engine),
         "duration": _fmt_ns(e.dur_ns),
     }
+    if t0 is not None:
+        d["start"] = f"{_fmt_ns(e.start_ns - t0)} after the first event"
     if e.shapes:
         d["shapes"] = e.shapes
     if e.dtypes:
@@ -430,12 +459,154 @@ def _agg_hover(cols: EventColumns, lod: LOD, j: int) -> str:
     )
 
 
+# ------------------------------------------------------------------------------------ time axis
+#: An idle stretch -- no event of any kind on any lane -- is drawn as a marked break of the x axis
+#: (shaded, labelled with its measured length, compressed to :data:`BREAK_WIDTH` of the active time)
+#: when it is at least ``BREAK_MIN_NS`` long AND at least ``BREAK_FRACTION`` of the trace's active time
+#: (the span less every idle stretch of ``BREAK_MIN_NS`` or more). At most ``MAX_BREAKS`` (the longest)
+#: are collapsed. So the first kernel's warm-up delay or a user's think-time between cells never fills
+#: the view, while the short gaps between kernels of a loop stay to scale.
+BREAK_MIN_NS = 1_000_000
+BREAK_FRACTION = 0.25
+BREAK_WIDTH = 0.04
+MAX_BREAKS = 50
+
+
+@dataclass
+class TimeAxis:
+    """Where a measured time is drawn on the timeline's x axis (µs).
+
+    Piecewise linear through ``knots_ns`` (ns since ``t0``) -> ``knots_x`` (axis µs): slope 1 (1 µs per
+    1,000 ns) everywhere except inside the collapsed idle ``breaks`` (``(start_ns, end_ns)`` pairs in the
+    events' clock), so distances within a stretch of activity are true. Without breaks the axis is plain
+    "µs since the first event".
+    """
+
+    t0: int
+    span_ns: int
+    breaks: list[tuple[int, int]]
+    knots_ns: np.ndarray
+    knots_x: np.ndarray
+
+    @property
+    def end_x(self) -> float:
+        """Axis position of the last event's end."""
+        return float(self.knots_x[-1])
+
+    def x(self, t_ns: Any) -> np.ndarray:
+        """Axis µs of measured times ``t_ns`` (events' clock, ns)."""
+        rel = np.asarray(t_ns, dtype=np.int64) - self.t0
+        rel_f = rel.astype(np.float64)
+        out = np.interp(rel_f, self.knots_ns, self.knots_x)
+        out = np.where(rel_f > self.knots_ns[-1], self.knots_x[-1] + (rel_f - self.knots_ns[-1]) / 1e3, out)
+        return np.where(rel_f < 0, rel_f / 1e3, out)
+
+    def t(self, x: Any) -> np.ndarray:
+        """Measured times (events' clock, ns, int64) of axis positions ``x`` (µs): the inverse of :meth:`x`."""
+        xf = np.asarray(x, dtype=np.float64)
+        out = np.interp(xf, self.knots_x, self.knots_ns)
+        out = np.where(xf > self.knots_x[-1], self.knots_ns[-1] + (xf - self.knots_x[-1]) * 1e3, out)
+        out = np.where(xf < 0, xf * 1e3, out)
+        return np.rint(out).astype(np.int64) + self.t0
+
+
+def time_axis(
+    events: EventColumns | Trace | Iterable[KernelEvent],
+    *,
+    min_ns: int = BREAK_MIN_NS,
+    fraction: float = BREAK_FRACTION,
+    max_breaks: int = MAX_BREAKS,
+) -> TimeAxis:
+    """The x axis of :func:`timeline_figure`: which idle stretches are collapsed (see :data:`BREAK_MIN_NS`)."""
+    cols = events if isinstance(events, EventColumns) else EventColumns.build(events)
+    n = len(cols.events)
+    if n == 0:
+        return TimeAxis(0, 0, [], np.zeros(2), np.zeros(2))
+    lo, hi = int(cols.start.min()), int(cols.end.max())
+    order = np.argsort(cols.start, kind="stable")
+    s, e = cols.start[order], cols.end[order]
+    run = np.maximum.accumulate(e)
+    gap = s[1:] - run[:-1]
+    cand = np.nonzero(gap >= min_ns)[0]
+    active = (hi - lo) - int(gap[cand].sum())
+    sel = cand[gap[cand] >= max(min_ns, fraction * active)]
+    if len(sel) > max_breaks:
+        sel = np.sort(sel[np.argsort(-gap[sel], kind="stable")[:max_breaks]])
+    breaks = [(int(run[i]), int(s[i + 1])) for i in sel.tolist()]
+    width = min(BREAK_WIDTH * active, 0.3 * active / max(len(breaks), 1)) / 1e3 if active > 0 else 1.0
+    knots_ns, knots_x = [0.0], [0.0]
+    for bs, be in breaks:
+        knots_x.append(knots_x[-1] + (bs - lo - knots_ns[-1]) / 1e3)
+        knots_ns.append(float(bs - lo))
+        knots_x.append(knots_x[-1] + width)
+        knots_ns.append(float(be - lo))
+    knots_x.append(knots_x[-1] + (hi - lo - knots_ns[-1]) / 1e3)
+    knots_ns.append(float(hi - lo))
+    return TimeAxis(lo, hi - lo, breaks, np.asarray(knots_ns), np.asarray(knots_x))
+
+
+def _nice_step(raw: float) -> float:
+    if raw <= 0:
+        return 1.0
+    exp = 10.0 ** np.floor(np.log10(raw))
+    for m in (1.0, 2.0, 5.0, 10.0):
+        if m * exp >= raw * (1 - 1e-9):
+            return float(m * exp)
+    return float(10 * exp)  # pragma: no cover
+
+
+def _tick_unit(max_us: float) -> tuple[float, str]:
+    return (1e6, "s") if max_us >= 1e6 else (1e3, "ms") if max_us >= 1e3 else (1.0, "µs")
+
+
+def _fmt_tick(us: float, step_us: float, unit: tuple[float, str]) -> str:
+    scale, name = unit
+    decimals = max(0, int(np.ceil(-np.log10(step_us / scale) - 1e-9)))
+    return f"{us / scale:,.{decimals}f} {name}"
+
+
+def axis_ticks(axis: TimeAxis, x_lo: float | None = None, x_hi: float | None = None,
+               n: int = 8) -> tuple[list[float], list[str]]:
+    """Tick positions (axis µs) and labels (measured time since the first event) for the visible
+    ``[x_lo, x_hi]`` of a compressed axis: round values of measured time inside each stretch of activity,
+    never inside a break."""
+    x_lo = 0.0 if x_lo is None else float(x_lo)
+    x_hi = axis.end_x if x_hi is None else float(x_hi)
+    if x_hi <= x_lo:
+        return [], []
+    step = _nice_step((x_hi - x_lo) / n)
+    edges = [0.0] + [v for b in axis.breaks for v in (float(b[0] - axis.t0), float(b[1] - axis.t0))] + [
+        float(axis.span_ns)]
+    vals: list[float] = []
+    texts: list[str] = []
+    unit = _tick_unit(float(axis.t(np.asarray([x_hi]))[0] - axis.t0) / 1e3)
+    for a_ns, b_ns in zip(edges[0::2], edges[1::2]):
+        xa, xb = axis.x(np.asarray([a_ns, b_ns]) + axis.t0).tolist()
+        lo_x, hi_x = max(xa, x_lo), min(xb, x_hi)
+        if hi_x < lo_x:
+            continue
+        # inside a stretch, axis µs and measured µs differ by a constant
+        off = a_ns / 1e3 - xa
+        k0, k1 = int(np.ceil((lo_x + off) / step - 1e-9)), int(np.floor((hi_x + off) / step + 1e-9))
+        for k in range(k0, k1 + 1):
+            pos = k * step - off
+            if vals and pos - vals[-1] < 0.5 * step:
+                continue  # too close to the last tick before a break
+            vals.append(pos)
+            texts.append(_fmt_tick(k * step, step, unit))
+    return vals, texts
+
+
 # ------------------------------------------------------------------------------------ timeline
 _MARKER_KINDS = {
     "sync": ("host sync", "triangle-down", "#ff7f0e"),
     "compile": ("compile start", "star", "#e377c2"),
     "oom": ("OOM", "x", "#d62728"),
 }
+#: Thickness of a kernel's bar, in lanes.
+BAR_THICKNESS = 0.7
+#: A bar is drawn at least this many pixels wide (its hover and details give the measured duration).
+MIN_BAR_PX = 2.0
 
 
 def _group_key(e: KernelEvent, color_by: str) -> tuple[str, str, bool]:
@@ -454,6 +625,12 @@ def _scatter(webgl: bool, **kw: Any) -> go.Scatter | go.Scattergl:
     return go.Scattergl(**kw) if webgl else go.Scatter(**kw)
 
 
+def _bars(x0: np.ndarray, x1: np.ndarray, min_w: float, **kw: Any) -> go.Bar:
+    """Horizontal bars from ``x0`` to ``x1`` (axis µs), hoverable and clickable anywhere on them."""
+    return go.Bar(base=x0, x=np.maximum(x1 - x0, min_w), orientation="h", width=BAR_THICKNESS,
+                  hovertemplate="%{hovertext}<extra></extra>", **kw)
+
+
 def timeline_figure(
     events: Trace | Iterable[KernelEvent] | EventColumns,
     *,
@@ -466,24 +643,34 @@ def timeline_figure(
     rangeslider: bool = False,
     title: str | None = None,
     width: int | None = None,
+    axis: TimeAxis | None = None,
 ) -> go.Figure:
     """Kernel timeline: lanes per device x engine plus a host lane, markers for syncs, compiles, OOMs.
 
+    Each kernel (or merged run of sub-pixel kernels, see :func:`lod_aggregate`) is a horizontal bar
+    (``go.Bar`` with ``base``), so hovering or clicking anywhere on it shows it. Long idle stretches are
+    collapsed into marked breaks of the x axis (:func:`time_axis`); the tick labels and every hover give
+    measured time. An invisible two-point ``extent`` trace spans the whole trace, so double-click,
+    "Reset axes", "Autoscale" and the range slider always reach the full view, even when the drawn
+    bars are those of a zoomed window.
+
     Args:
         events: a :class:`Trace` (its profile names the estimates), events, or :class:`EventColumns`.
-        color_by: 'family' (op family; compiled kernels get their own dashed '(compiled)' traces) or
+        color_by: 'family' (op family; compiled kernels get their own hatched '(compiled)' traces) or
             'subgraph' (one colour per compiled subgraph, eager grey).
         profile: device profile the roofline estimates refer to (default: the trace's).
         max_boxes: upper bound on the boxes drawn; the level of detail is coarsened until it holds.
         pixels: assumed plot width for the level of detail.
         window: ``(t0, t1)`` in the events' ns to draw (default: everything).
-        render: 'auto' (WebGL above :data:`WEBGL_THRESHOLD` points), 'svg' or 'webgl'.
+        render: marker traces (syncs, compile starts, OOMs): 'auto' (WebGL above
+            :data:`WEBGL_THRESHOLD` markers), 'svg' or 'webgl'. Bars are always SVG.
         rangeslider: show a range slider under the x axis.
         width: figure width in pixels (None: fill the container).
+        axis: a prebuilt :func:`time_axis` of ``events`` (default: computed).
 
-    The figure's ``layout.meta`` holds ``{"t0_ns", "lanes", "num_events", "num_boxes", "merged"}``.
-    Every hover marker's ``customdata`` is ``[seq, index]`` for an event (index into the events) or
-    ``[-1, -(j + 1)]`` for merged box ``j``.
+    The figure's ``layout.meta`` holds ``{"t0_ns", "lanes", "num_events", "num_boxes", "merged",
+    "breaks", "x_end"}``. Every hover trace's ``customdata`` is ``[seq, index]`` for an event (index
+    into the events) or ``[-1, -(j + 1)]`` for merged box ``j``.
 
     Raises:
         ValueError: unknown ``color_by`` or ``render``, ``max_boxes`` < 1.
@@ -497,18 +684,22 @@ def timeline_figure(
     if profile is None and isinstance(events, Trace):
         profile = events.profile
     cols = events if isinstance(events, EventColumns) else EventColumns.build(events)
+    ax = axis if axis is not None else time_axis(cols)
     evs = cols.events
+    t0 = cols.t0
     box_mask = ~cols.kind_mask("sync", "oom")
-    t0w, t1w = window if window is not None else (None, None)
-    lod = lod_aggregate(cols, t0w, t1w, pixels, mask=box_mask)
+    t0w, t1w = window if window is not None else (t0, t0 + ax.span_ns)
+    # level of detail in AXIS pixels: a collapsed break takes few pixels, so scale the pixel count
+    xw0, xw1 = ax.x([t0w, t1w]).tolist()
+    axis_ns = max((xw1 - xw0) * 1e3, 1e-9)
+    scale = max((t1w - t0w) / axis_ns, 1e-9)
+    lod = lod_aggregate(cols, t0w, t1w, max(1, int(round(pixels * scale))), mask=box_mask)
     px = pixels
     while lod.num_boxes > max_boxes and px > 1:
         px = max(1, int(px * max_boxes / lod.num_boxes * 0.9))
-        lod = lod_aggregate(cols, t0w, t1w, px, mask=box_mask)
-    t0 = cols.t0
+        lod = lod_aggregate(cols, t0w, t1w, max(1, int(round(px * scale))), mask=box_mask)
     nlanes = len(cols.lanes)
-    n_points = lod.num_boxes * 4
-    webgl = render == "webgl" or (render == "auto" and n_points > WEBGL_THRESHOLD)
+    min_w = MIN_BAR_PX * (xw1 - xw0) / max(pixels, 1)
 
     groups: dict[tuple[str, str, bool], list[int]] = {}
     for i in lod.singles.tolist():
@@ -523,83 +714,79 @@ def timeline_figure(
     for key in sorted(groups, key=order):
         name, color, compiled = key
         gids = np.asarray(groups[key], dtype=np.int64)
-        s = (cols.start[gids] - t0) / 1e3
-        e_ = (cols.end[gids] - t0) / 1e3
-        y = cols.lane[gids].astype(float)
-        xs = np.column_stack([s, e_, np.full(len(gids), np.nan)]).ravel()
-        ys = np.column_stack([y, y, np.full(len(gids), np.nan)]).ravel()
-        line: dict[str, Any] = {"color": color, "width": _BAR_WIDTH_PX if not compiled else _BAR_WIDTH_PX - 4}
-        if compiled and not webgl:
-            line["dash"] = "dash"
-        traces.append(
-            _scatter(
-                webgl, x=xs, y=ys, mode="lines", line=line, name=name, legendgroup=name,
-                hoverinfo="skip", showlegend=True, meta={"role": "boxes"},
-            )
-        )
-        texts = [_hover_html(event_details(evs[i], profile)) for i in gids.tolist()]
-        traces.append(
-            _scatter(
-                webgl, x=(s + e_) / 2, y=y, mode="markers", name=name, legendgroup=name, showlegend=False,
-                marker={"size": 9 if compiled else 6, "color": color, "symbol": "diamond" if compiled else "circle",
-                        "opacity": 0.9 if compiled else 0.35, "line": {"width": 1, "color": "#222"} if compiled else {"width": 0}},
-                hovertext=texts, hovertemplate="%{hovertext}<extra></extra>",
-                customdata=np.column_stack([[evs[i].seq for i in gids.tolist()], gids]),
-                meta={"role": "hover"},
-            )
-        )
+        marker: dict[str, Any] = {"color": color, "line": {"width": 0}}
+        if compiled:
+            marker = {"color": color, "line": {"width": 1, "color": "#222"},
+                      "pattern": {"shape": "/", "fgcolor": "rgba(255,255,255,0.6)", "size": 6}}
+        traces.append(_bars(
+            ax.x(cols.start[gids]), ax.x(cols.end[gids]), min_w, y=cols.lane[gids].astype(float), name=name,
+            legendgroup=name, marker=marker,
+            hovertext=[_hover_html(event_details(evs[i], profile, t0)) for i in gids.tolist()],
+            customdata=np.column_stack([[evs[i].seq for i in gids.tolist()], gids]),
+            meta={"role": "hover", "compiled": compiled},
+        ))
     if len(lod.agg_count):
-        s = (lod.agg_start - t0) / 1e3
-        e_ = (lod.agg_end - t0) / 1e3
-        y = lod.agg_lane.astype(float)
-        nan = np.full(len(s), np.nan)
-        traces.append(
-            _scatter(
-                webgl, x=np.column_stack([s, e_, nan]).ravel(), y=np.column_stack([y, y, nan]).ravel(),
-                mode="lines", line={"color": FAMILIES["merged"], "width": _BAR_WIDTH_PX}, name="merged (zoom in)",
-                legendgroup="merged", hoverinfo="skip", meta={"role": "boxes"},
-            )
-        )
-        traces.append(
-            _scatter(
-                webgl, x=(s + e_) / 2, y=y, mode="markers", name="merged (zoom in)", legendgroup="merged",
-                showlegend=False, marker={"size": 6, "color": FAMILIES["merged"], "opacity": 0.35},
-                hovertext=[_agg_hover(cols, lod, j) for j in range(len(s))],
-                hovertemplate="%{hovertext}<extra></extra>",
-                customdata=np.column_stack([np.full(len(s), -1), -(np.arange(len(s)) + 1)]),
-                meta={"role": "hover"},
-            )
-        )
-    # instant markers: syncs, OOMs (compiles are boxes and also get a star)
+        k = len(lod.agg_count)
+        traces.append(_bars(
+            ax.x(lod.agg_start), ax.x(lod.agg_end), min_w, y=lod.agg_lane.astype(float), name="merged (zoom in)",
+            legendgroup="merged", marker={"color": FAMILIES["merged"], "line": {"width": 0}},
+            hovertext=[_agg_hover(cols, lod, j) for j in range(k)],
+            customdata=np.column_stack([np.full(k, -1), -(np.arange(k) + 1)]),
+            meta={"role": "hover", "compiled": False},
+        ))
+    # instant markers: syncs, OOMs (compiles are bars and also get a star)
     mk_idx = np.nonzero(cols.kind_mask(*_MARKER_KINDS))[0]
     if window is not None and len(mk_idx):
         mk_idx = mk_idx[(cols.end[mk_idx] >= window[0]) & (cols.start[mk_idx] <= window[1])]
-    oom_x: list[float] = []
-    for kind, (label, symbol, color) in _MARKER_KINDS.items():
+    n_markers = 0
+    marker_traces: list[tuple[str, list[int]]] = []
+    for kind in _MARKER_KINDS:
         ids = [i for i in mk_idx.tolist() if evs[i].kind == kind]
-        if not ids:
-            continue
         if len(ids) > max_boxes:  # keep the payload bounded: one marker per pixel column
             arr = np.asarray(ids, dtype=np.int64)
             bins = ((cols.start[arr] - cols.start[arr].min()) / max(lod.pixel_ns, 1e-9)).astype(np.int64)
             _, first = np.unique(bins * (nlanes + 1) + cols.lane[arr], return_index=True)
             ids = arr[np.sort(first)].tolist()
-        xs_m = [(evs[i].start_ns - t0) / 1e3 for i in ids]
+        if ids:
+            marker_traces.append((kind, ids))
+            n_markers += len(ids)
+    webgl = render == "webgl" or (render == "auto" and n_markers > WEBGL_THRESHOLD)
+    oom_x: list[float] = []
+    for kind, ids in marker_traces:
+        label, symbol, color = _MARKER_KINDS[kind]
+        xs_m = ax.x(np.asarray([evs[i].start_ns for i in ids], dtype=np.int64)).tolist()
         if kind == "oom":
             oom_x.extend(xs_m)
         traces.append(
             _scatter(
                 webgl, x=xs_m, y=[float(cols.lane[i]) for i in ids], mode="markers", name=label,
                 marker={"symbol": symbol, "size": 13, "color": color, "line": {"width": 1, "color": "#333"}},
-                hovertext=[_hover_html(event_details(evs[i], profile)) for i in ids],
+                hovertext=[_hover_html(event_details(evs[i], profile, t0)) for i in ids],
                 hovertemplate="%{hovertext}<extra></extra>",
                 customdata=[[evs[i].seq, i] for i in ids], meta={"role": "marker", "kind": kind},
             )
         )
+    # the whole trace's extent: autorange (double-click, Reset axes, Autoscale, range slider) sees it
+    traces.append(go.Scatter(x=[0.0, ax.end_x], y=[0.0, 0.0], mode="markers", marker={"size": 1, "opacity": 0},
+                             hoverinfo="skip", showlegend=False, name="extent", meta={"role": "extent"}))
     fig = go.Figure(traces)
     for x in oom_x[:50]:
         fig.add_vline(x=x, line={"color": "#d62728", "dash": "dot", "width": 1})
+    for bs, be in ax.breaks:
+        x0, x1 = ax.x([bs, be]).tolist()
+        fig.add_vrect(x0=x0, x1=x1, fillcolor="rgba(110,110,110,0.13)", line={"width": 1, "dash": "dot",
+                      "color": "#888"}, layer="below")
+        fig.add_annotation(x=(x0 + x1) / 2, y=0.5, xref="x", yref="paper", text=f"idle {_fmt_ns(be - bs)}",
+                           textangle=-90, showarrow=False, font={"size": 11, "color": "#555"},
+                           bgcolor="rgba(255,255,255,0.7)")
     height = max(260, 100 + 40 * nlanes + (110 if rangeslider else 0))
+    xaxis: dict[str, Any] = {"title": {"text": "time since first event (µs)"}, "showgrid": True, "zeroline": False,
+                             "rangeslider": {"visible": rangeslider}}
+    if ax.breaks:
+        vals, texts = axis_ticks(ax, xw0 if window is not None else None, xw1 if window is not None else None)
+        xaxis.update(tickmode="array", tickvals=vals, ticktext=texts,
+                     title={"text": f"time since first event (shaded: {len(ax.breaks)} idle "
+                                    f"stretch{'es' if len(ax.breaks) > 1 else ''} compressed)"})
     fig.update_layout(
         title=title,
         height=height,
@@ -608,9 +795,9 @@ def timeline_figure(
         hovermode="closest",
         hoverdistance=30,
         dragmode="zoom",
+        barmode="overlay",
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
-        xaxis={"title": {"text": "time since first event (µs)"}, "showgrid": True, "zeroline": False,
-               "rangeslider": {"visible": rangeslider}},
+        xaxis=xaxis,
         yaxis={"tickmode": "array", "tickvals": list(range(nlanes)), "ticktext": cols.lanes,
                "range": [nlanes - 0.5, -0.5], "fixedrange": True, "showgrid": False, "zeroline": False},
         meta={
@@ -622,13 +809,14 @@ def timeline_figure(
             "profile": profile,
             "renderer": "webgl" if webgl else "svg",
             "kinds": sorted(cols.kinds),
+            "breaks": [[bs, be] for bs, be in ax.breaks],
+            "x_end": ax.end_x,
         },
         template="plotly_white",
     )
     if window is not None:
-        fig.update_xaxes(range=[(window[0] - t0) / 1e3, (window[1] - t0) / 1e3])
+        fig.update_xaxes(range=[xw0, xw1])
     return fig
-
 
 # ------------------------------------------------------------------------------------ memory
 def _device_traces(snapshot: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> list[list[Mapping[str, Any]]]:

@@ -1,9 +1,10 @@
 """Interactive widgets around the pure builders of :mod:`.figures`, and the static HTML export.
 
-* :class:`TimelineWidget` -- summary bar (time per engine, idle gaps, syncs), the kernel timeline as a
-  Plotly ``FigureWidget`` with a range slider, a colour toggle, and a details panel filled when a
-  kernel is clicked (its fields and its neighbours in the lane). Zooming re-runs the level-of-detail
-  aggregation for the visible window.
+* :class:`TimelineWidget` -- summary bar (span, busy and idle time, compressed idle breaks), the kernel
+  timeline as a Plotly ``FigureWidget`` with a range slider, a colour toggle, and a details panel filled
+  when a kernel is clicked (its fields and its neighbours in the lane). Zooming re-runs the
+  level-of-detail aggregation for the visible window; zooming out (double-click, Reset axes, the range
+  slider) re-runs it for the whole trace.
 * :class:`MemoryWidget` -- allocated/reserved over time, a slider for the moment, the segment/block map
   and the top live allocations at that moment.
 * :class:`SubgraphWidget` -- compiled subgraphs (pick one: FX code highlighted, kernels, guards) and
@@ -11,7 +12,11 @@
 * :func:`save_html` -- a self-contained HTML file (plotly.js embedded, no CDN) that works offline.
 
 Without a widget front-end (terminal IPython, nbconvert to text) each widget shows a text summary:
-``repr()`` and ``_repr_pretty_`` give it, and it is the ``text/plain`` entry of the mimebundle.
+``repr()`` and ``_repr_pretty_`` give it, and it is the ``text/plain`` entry of the mimebundle. After
+:func:`static_fallback` the mimebundle also carries a static copy (``text/html``: the same figures with
+plotly.js inlined once per kernel, no CDN): a front-end that renders widgets shows the widget only, and a
+notebook exported without widget state (nbconvert's HTML report) shows the static copy only -- one
+display either way.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import plotly.graph_objects as go
 from torchneuron_lab.tracing import KernelEvent, Trace
 from torchneuron_lab.widgets import figures as F
 
-__all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "save_html"]
+__all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "save_html", "static_fallback"]
 
 _CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
 
@@ -54,35 +59,69 @@ def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = Non
     return p
 
 
+_WRAP = "white-space:normal;overflow-wrap:anywhere;word-break:break-word;vertical-align:top"
+
+
 def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "") -> str:
+    """An HTML table of ``rows`` (a mapping: one field per row). Cells wrap instead of overflowing, so
+    a narrow panel never clips a value."""
     if isinstance(rows, Mapping):
         body = "".join(
-            f"<tr><th style='text-align:left;padding-right:8px'>{html.escape(str(k))}</th>"
-            f"<td style='text-align:left'>{html.escape(str(v))}</td></tr>" for k, v in rows.items()
+            f"<tr><th style='text-align:left;padding-right:8px;width:38%;{_WRAP}'>{html.escape(str(k))}</th>"
+            f"<td style='text-align:left;{_WRAP}'>{html.escape(str(v))}</td></tr>" for k, v in rows.items()
         )
-        return f"<table class='{cls}'>{body}</table>"
+        return f"<table class='{cls}' style='width:100%;table-layout:fixed'>{body}</table>"
     if not rows:
         return "<i>none</i>"
     keys = list(rows[0])
-    head = "".join(f"<th style='text-align:left;padding-right:8px'>{html.escape(k)}</th>" for k in keys)
+    head = "".join(f"<th style='text-align:left;padding-right:8px;{_WRAP}'>{html.escape(k)}</th>" for k in keys)
     body = "".join(
-        "<tr>" + "".join(f"<td style='text-align:left;padding-right:8px'>{html.escape(str(r[k]))}</td>" for k in keys)
+        "<tr>" + "".join(f"<td style='text-align:left;padding-right:8px;{_WRAP}'>{html.escape(str(r[k]))}</td>"
+                         for k in keys)
         + "</tr>" for r in rows
     )
     return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
 
 
+_STATIC: dict[str, bool] = {"enabled": False, "plotlyjs_sent": False}
+
+
+def static_fallback(enabled: bool = True) -> None:
+    """Make every widget displayed from now on also carry a static copy of itself (``text/html``).
+
+    For notebooks that are exported to HTML (``torchneuron-lab demo``'s report, ``jupyter nbconvert``):
+    there the widget cannot render and the static copy is shown instead; a live front-end shows only the
+    widget. plotly.js (about 4.6 MB) is inlined in the first static copy of the kernel only, which is why
+    this is off by default.
+    """
+    _STATIC["enabled"] = bool(enabled)
+
+
+def _static_figure(fig: go.Figure) -> str:
+    """``fig`` as an HTML fragment; plotly.js inlined the first time in this process (no CDN)."""
+    first = not _STATIC["plotlyjs_sent"]
+    text = fig.to_html(include_plotlyjs=first, full_html=False, config={"displaylogo": False})
+    _STATIC["plotlyjs_sent"] = True
+    return str(text.replace(_CDN_TOPOJSON, '"topojson/"'))
+
+
 class _TextFallback:
     """The full text summary as ``text/plain`` (ipywidgets cuts its repr at 110 characters), shown
-    by terminal IPython and nbconvert to text, next to the widget view for front-ends that have one."""
+    by terminal IPython and nbconvert to text, next to the widget view for front-ends that have one;
+    with :func:`static_fallback` also ``text/html`` (:meth:`static_html`)."""
 
     def _repr_mimebundle_(self, **kwargs: Any) -> dict[str, Any]:
         data: dict[str, Any] = super()._repr_mimebundle_(**kwargs) or {}  # type: ignore[misc]
         data["text/plain"] = repr(self)
+        if _STATIC["enabled"]:
+            data["text/html"] = self.static_html()
         return data
 
     def _repr_pretty_(self, p: Any, cycle: bool) -> None:
         p.text(repr(self))
+
+    def static_html(self) -> str:  # pragma: no cover - every widget overrides it
+        raise NotImplementedError
 
 
 class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
@@ -92,7 +131,16 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         events: the events shown; ``summary`` the dict of :func:`.figures.timeline_summary`.
         figure: the Plotly ``FigureWidget``; ``details`` the side panel (``ipywidgets.HTML``);
         summary_bar: the summary ``ipywidgets.HTML``; ``color_toggle`` switches family/subgraph.
+        axis: the :class:`.figures.TimeAxis` (collapsed idle breaks) of the events.
+        window: the drawn window ``(t0, t1)`` in the events' ns, None for the whole trace.
+
+    The summary bar says what the figure alone shows -- span, busy and idle time (union of lanes),
+    the collapsed idle breaks, dropped events -- and nothing the magic's tables already list (time per
+    engine, syncs, compiles, OOMs; those are in :func:`repr` for a terminal, and drawn as markers).
     """
+
+    #: Width of the details panel (px); the figure's default width leaves room for it beside the plot.
+    DETAILS_PX = 330
 
     def __init__(
         self,
@@ -101,7 +149,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         color_by: str = "family",
         profile: str | None = None,
         max_boxes: int = 6000,
-        width: int = 920,
+        width: int = 780,
     ) -> None:
         if profile is None and isinstance(events, Trace):
             profile = events.profile
@@ -115,16 +163,20 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.color_by = color_by
         self.window: tuple[int, int] | None = None
         self.summary = F.timeline_summary(self.cols)
+        self.axis = F.time_axis(self.cols)
         self.selected: dict[str, Any] | None = None
         fig = F.timeline_figure(self.cols, color_by=color_by, profile=profile, max_boxes=max_boxes,
-                                pixels=self.pixels, rangeslider=True, width=width)
+                                pixels=self.pixels, rangeslider=True, width=width, axis=self.axis)
         self.figure = go.FigureWidget(fig)
         self.figure.layout.on_change(self._on_relayout, "xaxis.range")
+        self.figure.layout.on_change(self._on_autorange, "xaxis.autorange")
         self._hook_clicks()
         self.summary_bar = W.HTML(self._summary_html())
         self.summary_bar.add_class("tnl-summary")
         self.details = W.HTML("<i>Click a kernel to see its details and neighbours.</i>",
-                              layout=W.Layout(width="340px", overflow="auto", max_height=f"{fig.layout.height}px"))
+                              layout=W.Layout(width=f"{self.DETAILS_PX}px", min_width=f"{self.DETAILS_PX}px",
+                                              overflow="hidden auto",
+                                              max_height=f"{fig.layout.height}px"))
         self.details.add_class("tnl-details")
         self.color_toggle = W.ToggleButtons(options=[("op family", "family"), ("subgraph", "subgraph")],
                                             value=color_by, description="colour by")
@@ -140,18 +192,28 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             text += f"\n(the recorder dropped {self.dropped} events: the trace is incomplete)"
         return f"TimelineWidget: {text}"
 
+    def static_html(self) -> str:
+        """The summary bar and the whole-trace figure as static HTML (what an exported notebook shows)."""
+        fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
+                                pixels=self.pixels, rangeslider=True, width=self.width + self.DETAILS_PX,
+                                axis=self.axis)
+        return f"<div class='tnl-timeline-static'>{self._summary_html()}{_static_figure(fig)}</div>"
+
     # -- drawing -------------------------------------------------------------------------------
     def _summary_html(self) -> str:
         s = self.summary
-        eng = " · ".join(
-            f"<b>{html.escape(k)}</b> {F._fmt_ns(v['total_ns'])} ({v['count']:,})" for k, v in s["engines"].items()
-        )
+        span = s["span_ns"]
+        pct = f" ({100 * s['idle_ns'] / span:.0f}%)" if span else ""
+        brk = ""
+        if self.axis.breaks:
+            total = sum(b - a for a, b in self.axis.breaks)
+            brk = (f" · {len(self.axis.breaks)} idle stretch{'es' if len(self.axis.breaks) > 1 else ''} "
+                   f"({F._fmt_ns(total)}) compressed on the axis (shaded)")
         drop = f" · <span style='color:#d62728'>{self.dropped} dropped</span>" if self.dropped else ""
         return (
             f"<div style='font-family:sans-serif;font-size:13px'>{s['num_events']:,} events over "
-            f"{F._fmt_ns(s['span_ns'])} · <b>syncs</b> {s['syncs']} (waited {F._fmt_ns(s['sync_wait_ns'])}) · "
-            f"<b>idle gaps</b> {s['idle_gaps']:,} ({F._fmt_ns(s['idle_ns'])}) · <b>compiles</b> {s['compiles']} · "
-            f"<b>OOMs</b> {s['ooms']}{drop}<br>time per engine: {eng or 'none'}</div>"
+            f"{F._fmt_ns(span)} · some lane busy {F._fmt_ns(s['busy_ns'])} · every lane idle "
+            f"{F._fmt_ns(s['idle_ns'])}{pct}{brk}{drop}</div>"
         )
 
     def _hook_clicks(self) -> None:
@@ -163,32 +225,50 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode."""
         self.window = window
         fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
-                                pixels=self.pixels, window=window, rangeslider=True, width=self.width)
+                                pixels=self.pixels, window=window, rangeslider=True, width=self.width,
+                                axis=self.axis)
         with self.figure.batch_update():
             self.figure.data = []
             self.figure.add_traces(list(fig.data))
             self.figure.layout.meta = fig.layout.meta
             self.figure.layout.shapes = fig.layout.shapes
+            self.figure.layout.annotations = fig.layout.annotations
+            if self.axis.breaks:  # tick labels of a compressed axis are computed for the window
+                self.figure.layout.xaxis.tickvals = fig.layout.xaxis.tickvals
+                self.figure.layout.xaxis.ticktext = fig.layout.xaxis.ticktext
         self._hook_clicks()
 
     def _on_color(self, change: Mapping[str, Any]) -> None:
         self.color_by = change["new"]
         self.redraw(self.window)
 
+    def _on_autorange(self, layout: Any, autorange: Any) -> None:
+        """Double-click, "Reset axes", "Autoscale": back to the whole trace, aggregated for it."""
+        if autorange is True and self.window is not None:
+            self.redraw(None)
+
     def _on_relayout(self, layout: Any, xrange: Any) -> None:
+        """A zoom, pan or range-slider move: redraw the window's level of detail (and ticks); a range
+        that covers the whole trace is the full view again."""
         if xrange is None or len(xrange) != 2:
             return
-        t0 = self.cols.t0
-        window = (int(t0 + float(xrange[0]) * 1e3), int(t0 + float(xrange[1]) * 1e3))
+        x0, x1 = sorted(float(v) for v in xrange)
+        if x0 <= 0.0 and x1 >= self.axis.end_x:
+            if self.window is not None:
+                self.redraw(None)
+            return
+        lo, hi = (int(v) for v in self.axis.t(np.asarray([x0, x1])))
+        window = (lo, hi)
         if window == self.window:
             return
         meta = self.figure.layout.meta or {}
-        if self.window is None and not meta.get("merged"):
-            self.window = window  # nothing was merged: nothing to refine
+        if self.window is None and not meta.get("merged") and not self.axis.breaks:
+            self.window = window  # nothing was merged and the ticks are plotly's: nothing to refine
             return
         self.redraw(window)
         with self.figure.batch_update():
-            self.figure.layout.xaxis.range = list(xrange)
+            self.figure.layout.xaxis.autorange = False
+            self.figure.layout.xaxis.range = [x0, x1]
 
     # -- clicks --------------------------------------------------------------------------------
     def _on_click(self, trace: Any, points: Any, selector: Any = None) -> None:
@@ -209,7 +289,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             )
             return self.selected
         e = self.events[index]
-        d = F.event_details(e, self.profile)
+        d = F.event_details(e, self.profile, self.cols.t0)
         lane = self.cols.lane[index]
         same = np.nonzero(self.cols.lane == lane)[0]
         same = same[np.argsort(self.cols.start[same], kind="stable")]
@@ -221,7 +301,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
                           "start (µs)": f"{(n.start_ns - self.cols.t0) / 1e3:.2f}", "duration": F._fmt_ns(n.dur_ns)})
         self.selected = {"event": d, "neighbours": neigh}
         self.details.value = (
-            f"<div style='font-family:sans-serif;font-size:12px'><b>{html.escape(e.name)}</b>"
+            f"<div style='font-family:sans-serif;font-size:12px;white-space:normal'><b>{html.escape(e.name)}</b>"
             + _table({k: v for k, v in d.items() if k != "op"}, "tnl-detail-fields")
             + "<b>neighbours in the lane</b>" + _table(neigh, "tnl-neighbours") + "</div>"
         )
@@ -247,6 +327,15 @@ class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.show_moment(self.slider.value if n else None)
         super().__init__([W.HTML(self._summary_html()), self.history, self.slider, self.moment,
                           self.segments, self.top_html])
+
+    def static_html(self) -> str:
+        """Summary, allocator history, block map and top allocations now, as static HTML."""
+        seg = F.segment_map_figure(self.snapshot, device=self.device)
+        rows = F.top_allocations(self.snapshot, self.top, device=self.device)
+        top = "<b>top live allocations</b>" + _table(
+            [{"size": F._fmt_bytes(r["size"]), "allocated at": r["source"]} for r in rows])
+        return (f"<div class='tnl-memory-static'>{self._summary_html()}{_static_figure(go.Figure(self.history))}"
+                f"{_static_figure(seg)}{top}</div>")
 
     def _summary_html(self) -> str:
         meta = self.history.layout.meta["devices"]
@@ -304,9 +393,14 @@ class SubgraphWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.picker.observe(lambda ch: self.show(ch["new"]), names="value")
         if options:
             self.show(0)
-        super().__init__([W.HTML("<b>compiled subgraphs</b>" + _table(self.rows)), self.picker, self.detail,
-                          W.HTML("<b>graph breaks</b>" + _table(
-                              [{k: r[k] for k in ("reason", "location", "function", "count")} for r in self.breaks]))])
+        self._rows_html = "<b>compiled subgraphs</b>" + _table(self.rows)
+        self._breaks_html = "<b>graph breaks</b>" + _table(
+            [{k: r[k] for k in ("reason", "location", "function", "count")} for r in self.breaks])
+        super().__init__([W.HTML(self._rows_html), self.picker, self.detail, W.HTML(self._breaks_html)])
+
+    def static_html(self) -> str:
+        """The tables, the picked subgraph's code, kernels and guards, as static HTML."""
+        return f"<div class='tnl-subgraphs-static'>{self._rows_html}{self.detail.value}{self._breaks_html}</div>"
 
     def show(self, i: int) -> None:
         rec = self.records[i]
