@@ -282,27 +282,74 @@ def _cpu_device(a: Any) -> Any:
     return a
 
 
-def _retarget_to_cpu(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> list[Any]:
-    """Rewrite the graph's device arguments and fake tensors from neuron to cpu (in place)."""
-    from torch._guards import detect_fake_mode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-    from torch.utils._pytree import tree_map
+class _Retarget:
+    """Moves an ATen graph's fake tensors and device arguments from neuron to cpu, nothing else.
 
-    fake_mode = detect_fake_mode(example_inputs)
-    for node in gm.graph.nodes:
-        node.args = tree_map(_cpu_device, node.args)
-        node.kwargs = tree_map(_cpu_device, node.kwargs)
-    gm.recompile()
-    cpu_inputs: list[Any] = []
-    assert fake_mode is not None, "AOTAutograd passes fake tensors to the compiler"
-    with fake_mode:
-        for t in example_inputs:
-            if isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE:
-                cpu_inputs.append(torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cpu"))
-            else:
-                cpu_inputs.append(t)
-    FakeTensorProp(gm, mode=fake_mode).propagate_dont_convert_inputs(*cpu_inputs)
-    return cpu_inputs
+    Every fake tensor keeps its exact sizes, strides, storage offset and dtype, and fake tensors that
+    share a neuron storage share one CPU storage (Inductor's alias analysis reads storages): values are
+    not re-propagated through CPU meta functions, whose layout choices (e.g. channels-last convolution
+    outputs) can differ from the neuron ones the graph was traced with.
+    """
+
+    def __init__(self, fake_mode: Any) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        self._weak = StorageWeakRef
+        self.fake_mode = fake_mode
+        self._bases: dict[Any, torch.Tensor] = {}
+        self._done: dict[int, torch.Tensor] = {}
+        self._keep: list[torch.Tensor] = []  # keeps ids in _done unique while this object lives
+        self.devices: set[int] = set()
+
+    def tensor(self, t: Any) -> Any:
+        if not isinstance(t, torch.Tensor) or t.device.type != DEVICE_TYPE:
+            return t
+        hit = self._done.get(id(t))
+        if hit is not None:
+            return hit
+        self.devices.add(int(t.device.index or 0))
+        st = t.untyped_storage()
+        key = self._weak(st)
+        with self.fake_mode:
+            base = self._bases.get(key)
+            if base is None:
+                base = torch.empty(st.nbytes(), dtype=torch.uint8, device="cpu")
+                self._bases[key] = base
+            typed = base if t.dtype == torch.uint8 else base.view(t.dtype)
+            out = typed.as_strided(t.size(), t.stride(), t.storage_offset())
+        self._done[id(t)] = out
+        self._keep.append(t)
+        return out
+
+    def value(self, v: Any) -> Any:
+        from torch.utils._pytree import tree_map
+
+        return tree_map(self.tensor, v)
+
+    def graph(self, gm: torch.fx.GraphModule) -> None:
+        from torch.utils._pytree import tree_map
+
+        def dev(a: Any) -> Any:
+            if isinstance(a, torch.device) and a.type == DEVICE_TYPE:
+                self.devices.add(int(a.index or 0))
+            return _cpu_device(a)
+
+        for node in gm.graph.nodes:
+            node.args = tree_map(dev, node.args)
+            node.kwargs = tree_map(dev, node.kwargs)
+            if "val" in node.meta:
+                node.meta["val"] = self.value(node.meta["val"])
+        gm.recompile()
+
+
+def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
+    """The device of each graph output as traced (None for non-tensors)."""
+    out = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    res: list[torch.device | None] = []
+    for a in out.args[0]:
+        v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+        res.append(v.device if isinstance(v, torch.Tensor) else None)
+    return res
 
 
 def _input_signature(example_inputs: Sequence[Any]) -> list[dict[str, Any]]:
@@ -370,86 +417,159 @@ def _op_counts(gm: torch.fx.GraphModule) -> dict[str, int]:
     return dict(c.most_common())
 
 
-def _device_of(example_inputs: Sequence[Any]) -> int:
+def _run_device(example_inputs: Sequence[Any], graph_devices: set[int]) -> int:
     for t in example_inputs:
         if isinstance(t, torch.Tensor) and t.device.type == DEVICE_TYPE:
             return int(t.device.index or 0)
-    return int(lib().current_device())
+    valid = sorted(d for d in graph_devices if d < int(lib().device_count()))
+    return valid[0] if valid else int(lib().current_device())
 
 
-def _make_compiler(kind: str, ctx: dict[str, Any]) -> Callable[..., Any]:
-    from torch._inductor.compile_fx import compile_fx_inner
+def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, ctx: dict[str, Any],
+                   **kwargs: Any) -> Any:
+    """Inductor's ``inner_compile`` for one forward/backward/inference graph of ``compile_fx``.
+
+    ``compile_fx`` has already run Inductor's pre-grad passes, AOTAutograd with its decompositions,
+    joint-graph passes (``replace_random``, pattern matchers) and partitioner on the neuron graph; this
+    retargets the graph to the CPU (exact strides kept), hands it to ``compile_fx_inner`` (post-grad
+    passes, lowering, C++ code generation, FX graph cache) and returns code that runs on device memory.
+    """
     from torch._dynamo.utils import counters
+    from torch._inductor.compile_fx import compile_fx_inner
 
-    def compiler(gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        t0 = time.perf_counter()
-        device = _device_of(example_inputs)
-        fx_code = gm.print_readable(print_output=False)
-        op_counts = _op_counts(gm)
-        inputs = _input_signature(example_inputs)
-        cpu_inputs = _retarget_to_cpu(gm, example_inputs)
-        hits0 = counters["inductor"]["fxgraph_cache_hit"]
-        compiled = compile_fx_inner(
-            gm, cpu_inputs, is_backward=(kind == "backward"), is_inference=(kind == "inference")
-        )
-        hits = counters["inductor"]["fxgraph_cache_hit"] - hits0
-        kernels, fallbacks = _instrument(compiled)
-        lowering_ms = (time.perf_counter() - t0) * 1e3
-        ctx["lowering_s"] = ctx.get("lowering_s", 0.0) + lowering_ms / 1e3
-        rid = registry._new_id()
-        rec = SubgraphRecord(
-            id=rid,
-            name=f"{kind} of {ctx['function']} (compile {ctx['compile_id']})",
-            kind=kind,
-            compile_id=ctx["compile_id"],
-            graph_key=ctx["graph_key"],
-            function=ctx["function"],
-            source=ctx["source"],
-            fx_code=fx_code,
-            op_counts=op_counts,
-            inputs=inputs,
-            guards=[],
-            compile_ms={"dynamo": ctx.get("dynamo_ms"), "aot_autograd": None, "lowering": lowering_ms},
-            kernels=kernels,
-            fallbacks=fallbacks,
-            cache_hits=int(hits),
-            device=device,
-        )
-        if kind == "backward" and ctx.get("forward_id") is not None:
-            rec.pair_id = ctx["forward_id"]
-            try:
-                registry.get(ctx["forward_id"]).pair_id = rid
-            except KeyError:
-                pass
-        if kind == "forward":
-            ctx["forward_id"] = rid
-        ctx.setdefault("records", []).append(rec)
-        registry._add(rec)
-        C = lib()
+    kind = "backward" if kwargs.get("is_backward") else "inference" if kwargs.get("is_inference") else "forward"
+    t0 = time.perf_counter()
+    fx_code = gm.print_readable(print_output=False)
+    op_counts = _op_counts(gm)
+    inputs = _input_signature(example_inputs)
+    out_devices = _output_devices(gm)
+    from torch._guards import detect_fake_mode
 
-        def run(args: list[Any]) -> Any:
-            rec.calls += 1
-            prev = getattr(_state, "run", None)
-            _state.run = (rec.id, device)
-            try:
-                out = C.run_on_host(compiled, list(args), device)
-            finally:
-                _state.run = prev
-            args.clear()
-            return out
+    fake_mode = detect_fake_mode(example_inputs)
+    assert fake_mode is not None, "AOTAutograd passes fake tensors to the compiler"
+    rt = _Retarget(fake_mode)
+    cpu_inputs = [rt.tensor(t) for t in example_inputs]
+    rt.graph(gm)
+    device = _run_device(example_inputs, rt.devices)
+    n_dev = int(lib().device_count())
+    bad_devices = sorted(d for d in rt.devices if d >= n_dev)
+    hits0 = counters["inductor"]["fxgraph_cache_hit"]
+    compiled = compile_fx_inner(gm, cpu_inputs, **kwargs)
+    hits = counters["inductor"]["fxgraph_cache_hit"] - hits0
+    kernels, fallbacks = _instrument(compiled)
+    lowering_ms = (time.perf_counter() - t0) * 1e3
+    ctx["lowering_s"] = ctx.get("lowering_s", 0.0) + lowering_ms / 1e3
+    rid = registry._new_id()
+    rec = SubgraphRecord(
+        id=rid,
+        name=f"{kind} of {ctx['function']} (compile {ctx['compile_id']})",
+        kind=kind,
+        compile_id=ctx["compile_id"],
+        graph_key=ctx["graph_key"],
+        function=ctx["function"],
+        source=ctx["source"],
+        fx_code=fx_code,
+        op_counts=op_counts,
+        inputs=inputs,
+        guards=[],
+        compile_ms={"dynamo": ctx.get("dynamo_ms"), "aot_autograd": None, "lowering": lowering_ms},
+        kernels=kernels,
+        fallbacks=fallbacks,
+        cache_hits=int(hits),
+        device=device,
+    )
+    if kind == "backward" and ctx.get("forward_id") is not None:
+        rec.pair_id = ctx["forward_id"]
+        try:
+            registry.get(ctx["forward_id"]).pair_id = rid
+        except KeyError:
+            pass
+    if kind == "forward":
+        ctx["forward_id"] = rid
+    ctx.setdefault("records", []).append(rec)
+    registry._add(rec)
+    here = torch.device(DEVICE_TYPE, device)
+    cpu_outs = [i for i, d in enumerate(out_devices) if d is not None and d.type == "cpu"]
+    moved = [(i, d) for i, d in enumerate(out_devices) if d is not None and d.type == DEVICE_TYPE
+             and d != here]
+    return _NeuronCode(compiled, rec, device, bad_devices, cpu_outs, moved)
 
-        run._boxed_call = True  # type: ignore[attr-defined]
-        return run
 
-    return compiler
+class _NeuronCode:
+    """The compiled graph as AOTAutograd calls it: boxed inputs on device, outputs where eager puts them.
+
+    Inputs become zero-copy CPU aliases (``run_on_host``), buffers come from the neuron allocator and are
+    adopted as the graph's neuron outputs on its device; an output traced on the CPU (``x.cpu() * 2``)
+    stays a CPU tensor, one traced on another neuron device is moved there; a graph naming a device that
+    does not exist raises eager's error on every call.
+    """
+
+    _boxed_call = True
+
+    def __init__(self, compiled: Any, rec: SubgraphRecord, device: int, bad_devices: list[int],
+                 cpu_outs: list[int], moved: list[tuple[int, torch.device]]) -> None:
+        self._boxed_call = True  # in __dict__ too: AOTAutograd's functools.wraps copies only that
+        self.compiled = compiled
+        self.rec = rec
+        self.device = device
+        self.bad_devices = bad_devices
+        self.cpu_outs = cpu_outs
+        self.moved = moved
+        self._run_on_host = lib().run_on_host
+        self._tag = (rec.id, device)
+
+    def __getattr__(self, name: str) -> Any:  # anything else AOTAutograd reads (e.g. post_compile)
+        return getattr(self.__dict__["compiled"], name)
+
+    def __call__(self, args: list[Any]) -> Any:
+        self.rec.calls += 1
+        if self.bad_devices:
+            for d in self.bad_devices:
+                torch.empty(0, device=torch.device(DEVICE_TYPE, d))  # raises eager's error
+        prev = getattr(_state, "run", None)
+        _state.run = self._tag
+        try:
+            if self.cpu_outs:
+                return self._call_with_cpu_outputs(args)
+            out = self._run_on_host(self.compiled, args, self.device)
+        finally:
+            _state.run = prev
+        args.clear()
+        if self.moved:
+            out = list(out)
+            for i, d in self.moved:
+                out[i] = out[i].to(d)
+        return out
+
+    def _call_with_cpu_outputs(self, args: list[Any]) -> Any:
+        cpu_args = {a.untyped_storage().data_ptr() for a in args
+                    if isinstance(a, torch.Tensor) and a.device.type == "cpu"}
+        stash: dict[int, Any] = {}
+        compiled, cpu_outs = self.compiled, self.cpu_outs
+
+        def host(host_args: list[Any]) -> Any:
+            res = list(compiled(host_args))
+            for i in cpu_outs:
+                stash[i], res[i] = res[i], None
+            return res
+
+        out = list(self._run_on_host(host, args, self.device))
+        args.clear()
+        for i, t in stash.items():
+            # memory the graph allocated came from the device allocator: give the CPU result CPU memory
+            own = isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in cpu_args
+            out[i] = t.clone(memory_format=torch.preserve_format) if own else t
+        for i, d in self.moved:
+            out[i] = out[i].to(d)
+        return out
 
 
 def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
-    """The Dynamo backend registered as ``"neuron"``."""
+    """The Dynamo backend registered as ``"neuron"``: Inductor's whole ``compile_fx`` pipeline, with an
+    inner compiler that lowers each ATen graph for the CPU and runs it on device memory."""
     register_backend()
-    from functorch.compile import min_cut_rematerialization_partition
-    from torch._dynamo.backends.common import aot_autograd
-    from torch._inductor.decomposition import select_decomp_table
+    import torch._functorch.config as functorch_config
+    from torch._inductor.compile_fx import compile_fx
 
     _register_device()
     capture.install()
@@ -481,13 +601,10 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
         "source": source,
         "dynamo_ms": (t_entry - start) * 1e3 if start is not None else None,
     }
-    compiled = aot_autograd(
-        fw_compiler=_make_compiler("forward", ctx),
-        bw_compiler=_make_compiler("backward", ctx),
-        inference_compiler=_make_compiler("inference", ctx),
-        partition_fn=min_cut_rematerialization_partition,
-        decompositions=select_decomp_table(),
-    )(gm, example_inputs)
+    # AOTAutograd's cache would hand back CPU code without the device runtime around it: off for this
+    # compile (Inductor's FX graph cache, below the inner compiler, stays on).
+    with functorch_config.patch(enable_autograd_cache=False):
+        compiled = compile_fx(gm, example_inputs, inner_compile=functools.partial(_inner_compile, ctx=ctx))
     total_ms = (time.perf_counter() - t_entry) * 1e3
     for rec in ctx.get("records", []):
         if rec.kind in ("forward", "inference"):
@@ -517,4 +634,7 @@ def register_backend() -> None:
         _reg(name="neuron")(neuron_backend)
     callback_handler.register_start_callback(_on_compile_start)
     capture.install()
+    from . import device_interface
+
+    device_interface.register()
     _registered = True
