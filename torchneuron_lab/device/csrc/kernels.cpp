@@ -400,7 +400,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       return alias_in(cs, t, meta.write_args[argi]);
     }
     if (t.is_cpu()) {
-      if (t.dim() > 0 && !meta.allow_cpu_tensors && foreign_dev.empty()) {
+      // A 0-dim CPU tensor may be read as a scalar (as CUDA allows); written (out=/in-place) never.
+      if ((t.dim() > 0 || meta.write_args[argi]) && !meta.allow_cpu_tensors && foreign_dev.empty()) {
         foreign_dev = "cpu";
         foreign_arg = schema.arguments()[argi].name();
       }
@@ -949,14 +950,31 @@ namespace {
 int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double dropout, bool causal,
                           std::optional<double> scale, bool gqa) {
+  // The CPU choice reads requires_grad (a mask that requires grad needs math): the aliases keep it.
   HostCall call(q.device().index());
+  auto in = [&](const at::Tensor& t) {
+    at::Tensor a = call.in(t);
+    if (t.requires_grad() && !a.requires_grad()) a = a.detach().requires_grad_(true);
+    return a;
+  };
   std::optional<at::Tensor> m;
-  if (mask.has_value() && mask->defined()) m = call.in(*mask);
-  return at::native::_fused_sdp_choice_cpp(call.in(q), call.in(k), call.in(v), m, dropout, causal, scale, gqa);
+  if (mask.has_value() && mask->defined()) m = in(*mask);
+  return at::native::_fused_sdp_choice_cpp(in(q), in(k), in(v), m, dropout, causal, scale, gqa);
 }
 }  // namespace
+
+// The fallback, for kernels in other translation units (cuda_parity.cpp) that adapt arguments first.
+void run_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  neuron_fallback(op, ks, stack);
+}
 }  // namespace tnl
 
 namespace at::native {
 REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tnl::neuron_sdp_choice)
+}  // namespace at::native
+
+// torch._fused_sdp_choice on neuron tensors answers what scaled_dot_product_attention will use.
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("_fused_sdp_choice", tnl::neuron_sdp_choice); }
+
+namespace at::native {
 }  // namespace at::native

@@ -10,3 +10,4 @@
 #include "recorder.cpp"
 #include "profiler.cpp"
 #include "bindings.cpp"
+#include "cuda_parity.cpp"

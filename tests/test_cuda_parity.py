@@ -1,0 +1,254 @@
+"""What CUDA supports, neuron supports (issue 11).
+
+Libraries take CUDA-shaped paths on every non-CPU device: torch.nn's recurrent layers call ATen's fused
+cell kernels (CUDA-only), scaled_dot_product_attention asks the device which fused kernel to use,
+Hugging Face's MoE calls integer ``histc``. The device answers like CUDA (same ops, same dtypes) and
+computes like the CPU (same numerics); out= tensors on another device raise CUDA's error.
+The implementation is torchneuron_lab/device/csrc/cuda_parity.cpp.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torchneuron_lab  # noqa: F401  (registers the device)
+
+MISMATCH = r"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and cpu!"
+
+
+def _pair(cls, *args, **kwargs):
+    torch.manual_seed(0)
+    cpu = cls(*args, **kwargs)
+    dev = cls(*args, **kwargs)
+    dev.load_state_dict(cpu.state_dict())
+    return cpu, dev.to("neuron")
+
+
+def _first(out):
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _state_loss(out) -> torch.Tensor:
+    """Every output (including the returned states) enters the loss, so every backward path is used."""
+    if isinstance(out, torch.Tensor):
+        return out.pow(2).sum()
+    return sum(_state_loss(o) for o in out)
+
+
+# --------------------------------------------------------------------------- recurrent cells
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTMCell, torch.nn.GRUCell])
+@pytest.mark.parametrize("bias", [True, False])
+def test_cells_forward_backward_bit_identical_to_cpu(cls, bias) -> None:
+    cpu, dev = _pair(cls, 6, 5, bias=bias)
+    torch.manual_seed(1)
+    x = torch.randn(3, 6)
+    h = torch.randn(3, 5)
+    state = (h, torch.randn(3, 5)) if cls is torch.nn.LSTMCell else h
+    state_dev = tuple(s.to("neuron") for s in state) if isinstance(state, tuple) else state.to("neuron")
+    xc = x.clone().requires_grad_()
+    xd = x.to("neuron").requires_grad_()
+    out_c, out_d = cpu(xc, state), dev(xd, state_dev)
+    for a, b in zip(out_c if isinstance(out_c, tuple) else (out_c,), out_d if isinstance(out_d, tuple) else (out_d,)):
+        assert b.device.type == "neuron"
+        assert torch.equal(a, b.cpu())
+    _state_loss(out_c).backward()
+    _state_loss(out_d).backward()
+    assert torch.equal(xc.grad, xd.grad.cpu())
+    for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        assert torch.equal(p.grad, q.grad.cpu()), name
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU, torch.nn.LSTMCell, torch.nn.GRUCell])
+def test_recurrent_forward_under_no_grad(cls) -> None:
+    cpu, dev = _pair(cls, 4, 3)
+    x = torch.randn(5, 2, 4) if cls in (torch.nn.LSTM, torch.nn.GRU) else torch.randn(2, 4)
+    with torch.no_grad():
+        a, b = _first(cpu(x)), _first(dev(x.to("neuron")))
+    assert b.device.type == "neuron" and not b.requires_grad
+    torch.testing.assert_close(b.cpu(), a, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", [torch.nn.LSTM, torch.nn.GRU])
+@pytest.mark.parametrize("kwargs", [{}, {"num_layers": 2, "bidirectional": True, "batch_first": True},
+                                    {"bias": False}, {"proj_size": 2}])
+def test_recurrent_layers_match_cpu(cls, kwargs) -> None:
+    """Whole sequences: the CPU projects the input of all steps in one addmm (bias included), torch.nn on
+    any other device (CUDA too) multiplies per step and the cell adds the bias, so sums round differently:
+    agreement to float32 rounding, not bits (the cells above are bit-identical)."""
+    if "proj_size" in kwargs and cls is torch.nn.GRU:
+        with pytest.raises(ValueError, match="proj_size argument is only supported for LSTM"):
+            cls(6, 5, **kwargs)
+        return
+    cpu, dev = _pair(cls, 6, 5, **kwargs)
+    torch.manual_seed(2)
+    x = torch.randn(4, 3, 6)
+    out_c, out_d = cpu(x), dev(x.to("neuron"))
+    torch.testing.assert_close(out_d[0].cpu(), out_c[0], rtol=1e-5, atol=1e-6)
+    _state_loss(out_c).backward()
+    _state_loss(out_d).backward()
+    for (name, p), q in zip(cpu.named_parameters(), dev.parameters()):
+        assert q.grad is not None and q.grad.device.type == "neuron", name
+        torch.testing.assert_close(q.grad.cpu(), p.grad, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_lstm_cell_double_backward_matches_cpu() -> None:
+    """create_graph=True takes ATen's differentiable cell backward (composite) on the fused path."""
+    cpu, dev = _pair(torch.nn.LSTMCell, 3, 2)
+    x = torch.randn(2, 3)
+    res = []
+    for mod, dv in ((cpu, "cpu"), (dev, "neuron")):
+        xi = x.to(dv).requires_grad_()
+        (g,) = torch.autograd.grad(mod(xi)[0].pow(2).sum(), xi, create_graph=True)
+        (gg,) = torch.autograd.grad(g.sum(), xi)
+        res.append((g.cpu(), gg.cpu()))
+    torch.testing.assert_close(res[1][0], res[0][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(res[1][1], res[0][1], rtol=1e-5, atol=1e-6)
+
+
+def test_fused_cell_ops_direct_and_errors() -> None:
+    ig, hg, cx = torch.randn(2, 8), torch.randn(2, 8), torch.randn(2, 2)
+    hy, cy, ws = torch.ops.aten._thnn_fused_lstm_cell(ig.to("neuron"), hg.to("neuron"), cx.to("neuron"))
+    gates = (hg + ig).chunk(4, 1)
+    i, f, c, o = gates[0].sigmoid(), gates[1].sigmoid(), gates[2].tanh(), gates[3].sigmoid()
+    assert torch.equal(cy.cpu(), f * cx + i * c)
+    assert torch.equal(hy.cpu(), o * (f * cx + i * c).tanh())
+    assert ws.shape == (2, 8) and ws.device.type == "neuron"
+    with pytest.raises(RuntimeError, match=r"_thnn_fused_lstm_cell: gates \[2, 6\] do not match state \[2, 2\]"):
+        torch.ops.aten._thnn_fused_lstm_cell(torch.randn(2, 6, device="neuron"), torch.randn(2, 6, device="neuron"),
+                                             cx.to("neuron"))
+    with pytest.raises(RuntimeError, match=MISMATCH):
+        torch.ops.aten._thnn_fused_gru_cell(ig[:, :6].to("neuron"), hg[:, :6].to("neuron"), cx)
+
+
+# --------------------------------------------------------------------------- SDPA kernel choice
+
+
+def _sdp_inputs(requires_grad_mask: bool, **kw):
+    torch.manual_seed(3)
+    q, k, v = (torch.randn(2, 2, 5, 8) for _ in range(3))
+    mask = torch.randn(2, 2, 5, 5, requires_grad=requires_grad_mask)
+    return q, k, v, mask
+
+
+@pytest.mark.parametrize("case", ["mask_requires_grad", "mask", "no_mask", "causal", "qkv_requires_grad"])
+def test_sdp_choice_equals_cpu(case) -> None:
+    q, k, v, mask = _sdp_inputs(case == "mask_requires_grad")
+    if case == "qkv_requires_grad":
+        q.requires_grad_()
+    kwargs = {"attn_mask": mask} if case.startswith("mask") else {}
+    kwargs["is_causal"] = case == "causal"
+    expected = torch._fused_sdp_choice(q, k, v, **kwargs)
+    dev_kwargs = {k_: (v_.detach().to("neuron").requires_grad_(v_.requires_grad) if isinstance(v_, torch.Tensor)
+                       else v_) for k_, v_ in kwargs.items()}
+    qd = q.detach().to("neuron").requires_grad_(q.requires_grad)
+    assert torch._fused_sdp_choice(qd, k.to("neuron"), v.to("neuron"), **dev_kwargs) == expected
+    if case == "mask_requires_grad":
+        assert expected == 0  # math: flash is not differentiable w.r.t. attn_mask
+
+
+def test_sdpa_with_mask_requiring_grad_forward_backward() -> None:
+    """T5's learned relative position bias: the mask requires grad."""
+    q, k, v, mask = _sdp_inputs(True)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    out.pow(2).sum().backward()
+    md = mask.detach().to("neuron").requires_grad_()
+    out_d = F.scaled_dot_product_attention(q.to("neuron"), k.to("neuron"), v.to("neuron"), attn_mask=md)
+    out_d.pow(2).sum().backward()
+    assert torch.equal(out_d.cpu(), out)
+    assert md.grad is not None and torch.equal(md.grad.cpu(), mask.grad)
+
+
+# --------------------------------------------------------------------------- dtypes CUDA has, the CPU lacks
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_integer_histc(dtype) -> None:
+    x = torch.tensor([0, 1, 1, 3, 3, 3, 7, 9, 12], dtype=dtype)
+    got = torch.histc(x.to("neuron"), bins=4, min=0, max=8)
+    assert got.dtype == dtype and got.device.type == "neuron"
+    # bins of width 2 over [0, 8]: {0,1,1}, {3,3,3}, {}, {7}; 9 and 12 are outside
+    assert got.cpu().tolist() == [3, 3, 0, 1]
+    out = torch.empty(0, dtype=dtype, device="neuron")
+    assert torch.histc(x.to("neuron"), bins=4, min=0, max=8, out=out) is out
+    assert out.cpu().tolist() == [3, 3, 0, 1]
+
+
+def test_integer_histc_like_moe_routing() -> None:
+    """Hugging Face MoE: tokens per expert with histc on int64 expert ids (min=0, max=E-1)."""
+    torch.manual_seed(4)
+    experts = torch.randint(0, 8, (64, 2))
+    got = torch.histc(experts.to("neuron"), bins=8, min=0, max=7)
+    assert torch.equal(got.cpu(), torch.bincount(experts.flatten(), minlength=8))
+    # min == max: the data's range, as for floats
+    got = torch.histc(experts.to("neuron"), bins=8)
+    assert torch.equal(got.cpu(), torch.histc(experts.double(), bins=8).long())
+
+
+def test_half_kernels_cuda_has_are_upcast() -> None:
+    torch.manual_seed(5)
+    x = torch.randn(1, 2, 4, 4, 4)
+    for dtype in (torch.float16, torch.bfloat16):
+        got = F.avg_pool3d(x.to(dtype).to("neuron"), 2)
+        assert got.dtype == dtype
+        assert torch.equal(got.cpu(), F.avg_pool3d(x.to(dtype).float(), 2).to(dtype))
+        logits, target = torch.randn(4, 5), torch.tensor([0, 3, 4, 1])
+        got = F.multi_margin_loss(logits.to(dtype).to("neuron"), target.to("neuron"))
+        assert got.dtype == dtype
+        assert torch.equal(got.cpu(), F.multi_margin_loss(logits.to(dtype).float(), target).to(dtype))
+    xd = x.half().to("neuron").requires_grad_()
+    F.avg_pool3d(xd, 2).sum().backward()
+    assert xd.grad.dtype == torch.float16 and torch.equal(xd.grad.cpu(), torch.full_like(x, 0.125).half())
+
+
+def test_other_dtypes_cuda_has() -> None:
+    b = torch.tensor([True, False, True])
+    assert torch.abs(b.to("neuron")).cpu().tolist() == [True, False, True]
+    eye = torch.eye(3, dtype=torch.bool)
+    got = torch.trace(eye.to("neuron"))
+    assert got.dtype == torch.int64 and got.item() == 3
+    z = torch.tensor([1 + 1j, float("nan") + 0j, 2 - 1j], dtype=torch.complex64)
+    got = torch.nansum(z.to("neuron"))
+    assert got.dtype == torch.complex64 and got.item() == 3 + 0j
+    c = torch.tensor([1 + 2j, 0.5 - 1j], dtype=torch.complex32)
+    got = torch.exp(c.to("neuron"))
+    assert got.dtype == torch.complex32
+    expected = torch.exp(c.to(torch.complex64)).to(torch.complex32)
+    assert torch.equal(torch.view_as_real(got.cpu()), torch.view_as_real(expected))
+    # half FFTs stay unsupported: torch.fft's composite checks `device.is_cuda()` before any kernel runs
+    h = torch.arange(8, dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="^Unsupported dtype Half$"):
+        torch.fft.rfft(h.to("neuron"))
+
+
+# --------------------------------------------------------------------------- out= on another device
+
+
+@pytest.mark.parametrize("shape", [(), (0,), (3, 2)])
+def test_nonzero_out_on_cpu_raises(shape) -> None:
+    x = torch.tensor([[1, 0], [2, 3]], device="neuron")
+    out = torch.full(shape, -1, dtype=torch.long)
+    with pytest.raises(RuntimeError, match=MISMATCH):
+        torch.nonzero(x, out=out)
+    assert out.shape == shape  # untouched
+
+
+@pytest.mark.parametrize("call", [
+    lambda x, o: torch.add(x, x, out=o),
+    lambda x, o: torch.amax(x, out=o),
+    lambda x, o: torch.sum(x, dim=(0, 1), out=o),
+    lambda x, o: torch.masked_select(x, x > 0, out=o),
+    lambda x, o: torch.histc(x, out=o),
+    lambda x, o: torch.mul(x, 2, out=o),
+], ids=["add", "amax", "sum", "masked_select", "histc", "mul_scalar"])
+def test_zero_dim_cpu_out_raises_like_cuda(call) -> None:
+    """A 0-dim CPU tensor may be *read* as a scalar on an accelerator, never written as out=."""
+    x = torch.tensor([[1.0, 0.0], [2.0, 3.0]], device="neuron")
+    out = torch.tensor(-1.0)
+    with pytest.raises(RuntimeError, match=MISMATCH):
+        call(x, out)
+    assert out.item() == -1.0
+    assert torch.equal(x + torch.tensor(1.0), torch.tensor([[2.0, 1.0], [3.0, 4.0]], device="neuron"))
