@@ -534,6 +534,24 @@ def test_ctrl_c_during_profile_setup_or_teardown_restores_the_lab_state(ip: Any,
     assert not recorder.is_recording()
 
 
+def test_backward_kernels_and_new_signatures_are_located_with_their_shapes(ip: Any) -> None:
+    run(ip, "bw = torch.randn(16, 8, device='neuron', requires_grad=True)\nbl = torch.nn.Linear(8, 4).to('neuron')")
+    r = ip.run_cell("%%neuron_profile -q\nout = bl(bw).relu().sum()\nout.backward()", store_history=True)
+    assert r.error_in_exec is None
+    prof = ip.user_ns["_neuron_profile"]
+    n = r.execution_count
+    locs = [e.location for e in prof.events if e.kind == "kernel"]
+    assert None not in locs, locs
+    bwd = [loc for loc in locs if loc.endswith("(backward)")]
+    # line 1 of the cell is the magic line: the forward is line 2, backward() line 3
+    assert len(bwd) == 4 and set(bwd) == {f"cell [{n}], line 3 (backward)"}
+    assert {loc for loc in locs if loc not in bwd} == {f"cell [{n}], line 2", f"cell [{n}], line 3"}
+    sigs = prof.summary["new_signatures"]
+    assert sigs and all(r["shapes"] and r["dtypes"] for r in sigs)  # without --record-shapes
+    assert (f"new signature aten::addmm([4], [16, 8], [8, 4]; float32, float32, float32) at cell [{n}], line 2"
+            in str(prof))
+
+
 # --------------------------------------------------------------------------- a real Jupyter kernel
 
 

@@ -375,14 +375,19 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
     recorder.start(record_shapes=record_shapes, with_stack=True, keep_first=recorder.DEFAULT_CAPACITY // 8)
     error: BaseException | None = None
     value = None
+    from .backward_sites import BackwardSites, attribute
+
+    sites = BackwardSites(getattr(recorder, "_source_mapper", None))
     try:
-        value = run()
+        with sites:
+            value = run()
     except BaseException as e:  # noqa: BLE001 - the caller shows it, after the lab state is consistent
         error = e
     finally:
         recorder.stop()
         trace = recorder.read()
         recorder.clear()
+        attribute(trace, sites.spans)  # backward kernels: the line of the .backward() call
         snapshot: dict[str, Any] | None = None
         if memory_peak:
             try:

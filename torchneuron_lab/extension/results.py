@@ -553,7 +553,8 @@ class ProfileResult(_Rich):
     def _extra_lines(self) -> list[str]:
         lines = []
         for r in self.summary["new_signatures"][: self.top]:
-            lines.append(f"new signature {r['name']}({r['shapes']}) at {r['location'] or '?'}")
+            sig = "; ".join(x for x in (r["shapes"], r["dtypes"]) if x)
+            lines.append(f"new signature {r['name']}({sig}) at {r['location'] or '?'}")
         for d, m in self.memory.items():
             lines.append(f"neuron:{d} memory {fmt_bytes(m['before'])} -> {fmt_bytes(m['after'])}, "
                          f"peak {fmt_bytes(m['peak'])}")
