@@ -28,9 +28,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
-
-from _common import Report, base_parser, calibrate, interleave, make_loop, setup  # noqa: E402
+import torch
+from _common import Report, base_parser, calibrate, interleave, make_loop, setup
 
 READ_BAR_US = 1.0
 STEP_BAR = 1.0
@@ -74,8 +73,8 @@ def bench_read(C: Any, n_events: int, with_stack: bool, rounds: int) -> dict[str
     new_s, mat_s, old_s = [], [], []
     for r in range(rounds):
         holder: dict[str, Any] = {}
-        new_s.append(_timed_s(lambda: holder.setdefault("t", recorder.read())))
-        mat_s.append(_timed_s(lambda: len(holder["t"].events)))
+        new_s.append(_timed_s(lambda h=holder: h.setdefault("t", recorder.read())))
+        mat_s.append(_timed_s(lambda h=holder: len(h["t"].events)))
         if r < max(1, rounds // 2):
             old_s.append(_timed_s(old_path))
     recorder.clear()

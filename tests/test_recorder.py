@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 import torchneuron_lab  # noqa: F401  (registers the device)
+from tests._neuron_child import run_child
 from torchneuron_lab import tracing
 from torchneuron_lab.device._backend import lib
-from tests._neuron_child import run_child
 
 THIS_FILE = Path(__file__).name
 

@@ -16,8 +16,17 @@ from ..tracing import StackFrame, Trace
 from ..tracing.events import RecordedColumns
 from ._backend import lib
 
-__all__ = ["bytes_per_event", "clear", "dropped", "is_recording", "read", "record", "start", "stop",
-           "set_source_mapper"]
+__all__ = [
+    "bytes_per_event",
+    "clear",
+    "dropped",
+    "is_recording",
+    "read",
+    "record",
+    "set_source_mapper",
+    "start",
+    "stop",
+]
 
 DEFAULT_CAPACITY = 1 << 20
 _INTERNAL = (

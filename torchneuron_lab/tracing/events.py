@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "COLUMNS",
-    "RecordedColumns",
     "DATAFRAME_COLUMNS",
     "DIRECTIONS",
     "ENGINES",
@@ -37,6 +37,7 @@ __all__ = [
     "KINDS",
     "REQUIRED_COLUMNS",
     "KernelEvent",
+    "RecordedColumns",
     "StackFrame",
     "Trace",
     "device_name",
@@ -268,7 +269,7 @@ class RecordedColumns:
         stack_ix = [i if 0 <= i < n_stacks else n_stacks for i in stack_ids]
         est = a.get("est_ns")
         est_list: list[Any] = [None] * n if est is None else [
-            None if v != v else v for v in est.tolist()  # NaN -> None
+            None if math.isnan(v) else v for v in est.tolist()
         ]
         columns = (
             a["seq"].tolist(),
@@ -667,9 +668,6 @@ class _Deferred:
 class _LazyEvents:
     """Data descriptor for ``Trace.events``: a plain list, built from packed columns on first access."""
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
     def __get__(self, obj: Any, owner: type | None = None) -> Any:
         if obj is None:
             return self
@@ -686,4 +684,3 @@ class _LazyEvents:
 
 
 Trace.events = _LazyEvents()  # type: ignore[assignment]  # after @dataclass, which reads the field
-Trace.events.__set_name__(Trace, "events")
