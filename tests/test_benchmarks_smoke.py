@@ -58,6 +58,11 @@ EXPECTED: dict[str, list[str]] = {
         ),
         r"^BARS \d/6 pass",
     ],
+    "bench_profile_cost.py": [
+        r"^READ read\.per_event\.with_stack = \d+\.\d{3} us/event",
+        r"^RATIO gpt2_train\.neuron_profile/torch_profiler = \d+\.\d{3}x  \[bar <= 1\.00x: (PASS|FAIL)\]$",
+        r"^BARS \d/3 pass",
+    ],
     "bench_allocator.py": [
         r"^PAIR alloc_free\.empty_1024 neuron = \d+ ns/pair, cpu = \d+ ns/pair$",
         RATIO.format(key=re.escape("alloc_free.empty_1024")) + "$",
