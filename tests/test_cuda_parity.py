@@ -252,3 +252,16 @@ def test_zero_dim_cpu_out_raises_like_cuda(call) -> None:
         call(x, out)
     assert out.item() == -1.0
     assert torch.equal(x + torch.tensor(1.0), torch.tensor([[2.0, 1.0], [3.0, 4.0]], device="neuron"))
+
+
+def test_sdp_choice_under_fake_tensors() -> None:
+    """torch.compile traces SDPA with fake neuron tensors: the choice must not dispatch ops on them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 2, 5, 8, device="neuron")
+        mask = torch.empty(2, 2, 5, 5, device="neuron", requires_grad=True)
+        out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        choice = torch._fused_sdp_choice(q, q, q, attn_mask=mask)
+    assert out.shape == (2, 2, 5, 8) and out.device.type == "neuron"
+    assert choice == 0

@@ -25,12 +25,12 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch import nn  # noqa: E402
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
 
-import torchneuron_lab  # noqa: E402,F401  (registers the device)
+import torchneuron_lab  # noqa: F401  (registers the device)
 
 STEPS = 3
 V = 96  # vocabulary of the tiny LMs

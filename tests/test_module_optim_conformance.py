@@ -64,7 +64,7 @@ def test_driver_counts_a_crash_and_continues(tmp_path, monkeypatch):
     assert by_id["nn_Linear"]["passed"] == by_id["nn_Linear"]["total"] > 0
     assert report["child_processes"] == 2  # a new child went on after the crash
     assert (report["summary"]["pass"], report["summary"]["crash"]) == (2, 1)
-    json_path, md_path = module_sweep.write_report(report, tmp_path / "modules_cpu")
+    _json_path, md_path = module_sweep.write_report(report, tmp_path / "modules_cpu")
     assert "| `nn_ReLU` | crash | 0/0 |" in md_path.read_text()
 
 

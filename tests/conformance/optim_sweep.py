@@ -23,7 +23,7 @@ import torch
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-from tests.conformance import module_sweep as ms  # noqa: E402
+from tests.conformance import module_sweep as ms
 
 IMPLS = ("default", "foreach", "fused")
 
@@ -58,7 +58,7 @@ def _kwargs_on(kwargs: dict, device: str) -> dict:
 
 def _run(info: Any, oi: Any, impl: str, device: str) -> list:
     gen = torch.Generator().manual_seed(0)
-    shapes = [(4, 3), (3,), ()]
+    shapes = [(4, 3), (3, 5)] if info.optim_cls.__name__ == "Muon" else [(4, 3), (3,), ()]  # Muon: 2-D only
     params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device)) for s in shapes]
     targets = [torch.randn(s, generator=gen).to(device) for s in shapes]
     scales = [torch.rand(s, generator=gen).add(0.5).to(device) for s in shapes]
@@ -76,9 +76,8 @@ def _run(info: Any, oi: Any, impl: str, device: str) -> list:
 
     for _ in range(3):
         loss = opt.step(closure)
-        state = [v for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor)]
-        trace.append(([loss] if isinstance(loss, torch.Tensor) else [], [p.detach().clone() for p in params],
-                      [s.detach().clone() for s in state]))
+        state = [v.detach().clone() for p in params for v in opt.state[p].values() if isinstance(v, torch.Tensor)]
+        trace.append(([loss] if isinstance(loss, torch.Tensor) else [], [p.detach().clone() for p in params], state))
     return trace
 
 
@@ -87,13 +86,22 @@ def run_optim_entry(entry: str, device: str) -> dict:
     device_type = device.split(":")[0]
     try:
         expected = _run(info, oi, impl, "cpu")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a sweep records every exception
         return {"status": "skip", "passed": 0, "total": 0, "message": "CPU raised: " + ms.short(exc, 300)}
     try:
         actual = _run(info, oi, impl, device)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a sweep records every exception
         return {"status": "error", "passed": 0, "total": 1, "message": ms.short(exc)}
     for step, (e, a) in enumerate(zip(expected, actual)):
+        if len(e[2]) != len(a[2]):
+            return {"status": "fail", "passed": 0, "total": 1,
+                    "message": f"step {step}: {len(a[2])} state tensors, expected {len(e[2])}"}
+        # scalar state (step, NAdam's mu_product, LBFGS's tensor lr) stays a CPU scalar unless
+        # capturable/fused, as on CUDA: compared by value; the rest must live on the parameters' device
+        kept = [k for k, t in enumerate(a[2]) if t.dim() == 0 and t.device.type == "cpu"]
+        scal_e, scal_a = [float(e[2][k]) for k in kept], [float(a[2][k]) for k in kept]
+        e = (e[0], e[1], [t for k, t in enumerate(e[2]) if k not in kept], scal_e)
+        a = (a[0], a[1], [t for k, t in enumerate(a[2]) if k not in kept], scal_a)
         for part, name in ((0, "loss"), (1, "params"), (2, "state")):
             ms_rtol, ms_atol = ms.RTOL, ms.ATOL
             ms.RTOL, ms.ATOL = 1e-5, 1e-6
@@ -103,6 +111,9 @@ def run_optim_entry(entry: str, device: str) -> dict:
                 ms.RTOL, ms.ATOL = ms_rtol, ms_atol
             if msg:
                 return {"status": "fail", "passed": 0, "total": 1, "message": msg}
+        if e[3] != a[3]:
+            return {"status": "fail", "passed": 0, "total": 1, "message": f"step {step}: scalar state {a[3]}, "
+                                                                           f"expected {e[3]}"}
     return {"status": "pass", "passed": 1, "total": 1, "message": ""}
 
 

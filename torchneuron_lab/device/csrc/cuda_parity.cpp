@@ -159,8 +159,6 @@ const std::unordered_map<std::string, Upcast>& upcast_rules() {
     const Upcast halfs{{ScalarType::Half, ScalarType::BFloat16}, ScalarType::Float};
     const Upcast half_only{{ScalarType::Half}, ScalarType::Float};
     const Upcast chalf{{ScalarType::ComplexHalf}, ScalarType::ComplexFloat};
-    // complex arguments widen to the complex counterpart (complex32 -> complex64)
-    const Upcast fft_half{{ScalarType::Half, ScalarType::ComplexHalf}, ScalarType::Float};
     for (const char* n : {"histc", "histc.out"}) r[n] = ints;
     for (const char* n : {"avg_pool3d", "avg_pool3d.out", "avg_pool3d_backward", "avg_pool3d_backward.grad_input",
                           "_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa.out",
@@ -174,9 +172,6 @@ const std::unordered_map<std::string, Upcast>& upcast_rules() {
     r["abs"] = Upcast{{ScalarType::Bool}, ScalarType::Byte};
     r["abs.out"] = r["abs"];
     r["trace"] = Upcast{{ScalarType::Bool}, ScalarType::Byte, /*narrow_results=*/false};
-    // fft: CUDA (cuFFT) takes half and complex32; the host computes in float/complex64.
-    for (const char* n : {"_fft_r2c", "_fft_r2c.out", "_fft_c2r", "_fft_c2r.out", "_fft_c2c", "_fft_c2c.out"})
-      r[n] = fft_half;
     // complex32: CUDA's elementwise kernels and reductions have it.
     for (const char* n : {"acos", "acos.out", "acosh", "acosh.out", "asin", "asin.out", "asinh", "asinh.out",
                           "atan", "atan.out", "atanh", "atanh.out", "cos", "cos.out", "cosh", "cosh.out", "sin",

@@ -954,7 +954,7 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
   HostCall call(q.device().index());
   auto in = [&](const at::Tensor& t) {
     at::Tensor a = call.in(t);
-    if (t.requires_grad() && !a.requires_grad()) a = a.detach().requires_grad_(true);
+    if (t.requires_grad() && !a.requires_grad()) a.set_requires_grad(true);  // no dispatch: fake tensors too
     return a;
   };
   std::optional<at::Tensor> m;
@@ -975,6 +975,3 @@ REGISTER_PRIVATEUSE1_DISPATCH(_fused_sdp_choice_stub, &tnl::neuron_sdp_choice)
 
 // torch._fused_sdp_choice on neuron tensors answers what scaled_dot_product_attention will use.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) { m.impl("_fused_sdp_choice", tnl::neuron_sdp_choice); }
-
-namespace at::native {
-}  // namespace at::native
