@@ -319,7 +319,9 @@ def test_profile_widget_by_data(ip: Any) -> None:
     assert meta["num_events"] == len(prof.events) == 5  # 3 kernels, 1 transfer, 1 host sync
     assert lane_label(0, "vector") in meta["lanes"] and "host" in meta["lanes"]
     assert w.summary["syncs"] == prof.count("sync") == 1
-    assert "sync" in w.summary_bar.value and "time per engine" in w.summary_bar.value
+    # the bar says what the tables below do not (span, busy, idle), without repeating them
+    assert "5 events over" in w.summary_bar.value and "every lane idle" in w.summary_bar.value
+    assert "time per engine" not in w.summary_bar.value
     fig = prof.timeline_figure()
     assert type(fig) is go.Figure and fig.layout.meta["lanes"] == meta["lanes"]
     assert fig.layout.meta["num_events"] == 5
