@@ -2,7 +2,7 @@
 
 Bars (issue 3), for the same code on both sides:
 
-- speedup: (eager neuron / ``backend="neuron"`` on neuron) >= 0.9x of (eager CPU / ``backend="inductor"``
+- speedup: (eager neuron / ``backend="neuron"`` on neuron) >= 0.95x of (eager CPU / ``backend="inductor"``
   on CPU), for (a) an MLP training step (784-512-512-10, batch 64, cross-entropy, forward+backward
   compiled, ``SGD(momentum=0.9, foreach=False)`` eager) and (b) a transformer block forward
   (``nn.TransformerEncoderLayer`` d_model 256, 4 heads, batch 8 x seq 128, eval, ``no_grad``).

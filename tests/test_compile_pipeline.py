@@ -293,5 +293,6 @@ def test_compiled_code_on_a_missing_device_raises_eagers_error() -> None:
     for _ in range(2):  # every call, not only the first
         with pytest.raises(type(eager.value)) as compiled:
             fn()
-        assert str(compiled.value) == str(eager.value)
+        # eager's message (Dynamo may append its TORCHDYNAMO_VERBOSE hint on the call that compiled)
+        assert str(compiled.value).splitlines()[0] == str(eager.value)
     assert "invalid neuron device index 7" in str(eager.value)

@@ -1,17 +1,26 @@
-"""``torch.compile(backend="neuron")``: Dynamo -> AOTAutograd -> Inductor C++ kernels on device memory.
+"""``torch.compile(backend="neuron")``: Dynamo -> Inductor's whole pipeline -> C++ kernels on device memory.
 
 TorchNeuron's compile path is Dynamo -> AOTAutograd -> FX passes -> (StableHLO -> neuronx-cc -> NEFF)
 -> runtime. Ours has the same shape; its last stage is Inductor's C++/OpenMP code generation for the
 CPU, and the compiled graph runs on zero-copy CPU aliases of the neuron tensors' memory:
 
 1. Dynamo captures the graph; this backend records it in the subgraph registry.
-2. AOTAutograd (with Inductor's decompositions and min-cut partitioner) produces forward/backward ATen
-   graphs whose fake tensors live on ``neuron``.
-3. Each ATen graph is retargeted to the CPU (device arguments rewritten, fake tensors re-propagated)
-   and compiled by ``compile_fx_inner``: fused C++ kernels plus ATen "extern" kernels (e.g. mm).
+2. ``compile_fx`` (Inductor's entry point, unchanged) runs on the neuron graph: pre-grad passes,
+   AOTAutograd with Inductor's decompositions, the joint-graph passes (``replace_random``, pattern
+   matchers), the min-cut partitioner. Only its ``inner_compile`` is ours (``_inner_compile``).
+3. ``_inner_compile`` retargets each forward/backward/inference ATen graph to the CPU - device
+   arguments rewritten, fake tensors moved with their exact sizes, strides, offsets and storage
+   sharing (never re-propagated through CPU meta functions, whose layout choices can differ) - and
+   hands it to ``compile_fx_inner`` (post-grad passes, lowering, FX graph cache).
 4. At run time the compiled graph is called through ``run_on_host``: inputs become CPU aliases of
    device memory (no copy), every buffer the graph allocates comes from the neuron caching allocator
-   (so it shows in ``torch.neuron.memory_stats``), and outputs are adopted back as neuron tensors.
+   (so it shows in ``torch.neuron.memory_stats``), and outputs are adopted back as neuron tensors on
+   the device eager would use (CPU results stay CPU tensors, other neuron devices get a copy; a graph
+   naming a missing device raises eager's error).
+
+Why compile_fx with our inner compiler rather than registering ``neuron`` as an Inductor device: every
+Inductor pass runs as Inductor-CPU runs it, and code generation sees a CPU graph, so no
+``device.type == "cpu"`` decision inside Inductor has to be re-validated for a new device.
 
 Each fused-kernel launch and extern-kernel call is a recorder event tagged with the subgraph id.
 """
