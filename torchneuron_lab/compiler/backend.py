@@ -1,17 +1,26 @@
-"""``torch.compile(backend="neuron")``: Dynamo -> AOTAutograd -> Inductor C++ kernels on device memory.
+"""``torch.compile(backend="neuron")``: Dynamo -> Inductor's whole pipeline -> C++ kernels on device memory.
 
 TorchNeuron's compile path is Dynamo -> AOTAutograd -> FX passes -> (StableHLO -> neuronx-cc -> NEFF)
 -> runtime. Ours has the same shape; its last stage is Inductor's C++/OpenMP code generation for the
 CPU, and the compiled graph runs on zero-copy CPU aliases of the neuron tensors' memory:
 
 1. Dynamo captures the graph; this backend records it in the subgraph registry.
-2. AOTAutograd (with Inductor's decompositions and min-cut partitioner) produces forward/backward ATen
-   graphs whose fake tensors live on ``neuron``.
-3. Each ATen graph is retargeted to the CPU (device arguments rewritten, fake tensors re-propagated)
-   and compiled by ``compile_fx_inner``: fused C++ kernels plus ATen "extern" kernels (e.g. mm).
+2. ``compile_fx`` (Inductor's entry point, unchanged) runs on the neuron graph: pre-grad passes,
+   AOTAutograd with Inductor's decompositions, the joint-graph passes (``replace_random``, pattern
+   matchers), the min-cut partitioner. Only its ``inner_compile`` is ours (``_inner_compile``).
+3. ``_inner_compile`` retargets each forward/backward/inference ATen graph to the CPU - device
+   arguments rewritten, fake tensors moved with their exact sizes, strides, offsets and storage
+   sharing (never re-propagated through CPU meta functions, whose layout choices can differ) - and
+   hands it to ``compile_fx_inner`` (post-grad passes, lowering, FX graph cache).
 4. At run time the compiled graph is called through ``run_on_host``: inputs become CPU aliases of
    device memory (no copy), every buffer the graph allocates comes from the neuron caching allocator
-   (so it shows in ``torch.neuron.memory_stats``), and outputs are adopted back as neuron tensors.
+   (so it shows in ``torch.neuron.memory_stats``), and outputs are adopted back as neuron tensors on
+   the device eager would use (CPU results stay CPU tensors, other neuron devices get a copy; a graph
+   naming a missing device raises eager's error).
+
+Why compile_fx with our inner compiler rather than registering ``neuron`` as an Inductor device: every
+Inductor pass runs as Inductor-CPU runs it, and code generation sees a CPU graph, so no
+``device.type == "cpu"`` decision inside Inductor has to be re-validated for a new device.
 
 Each fused-kernel launch and extern-kernel call is a recorder event tagged with the subgraph id.
 """
@@ -38,7 +47,6 @@ __all__ = ["neuron_backend", "register_backend"]
 
 _state = threading.local()
 _graph_counter = iter(range(1, 1 << 62))
-_frame_start: dict[str, float] = {}
 
 _TENSOR_OPS = ("mm", "addmm", "bmm", "baddbmm", "convolution", "_convolution", "matmul", "linear", "addmv")
 _VECTOR_HINTS = ("sum", "mean", "amax", "amin", "max", "min", "softmax", "norm", "var", "std", "logsumexp",
@@ -575,17 +583,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     capture.install()
     t_entry = time.perf_counter()
     compile_id = capture._compile_id() or "?"
-    start = _frame_start.pop(compile_id, None)
-    from torch._dynamo.callback import callback_handler
-
-    if _on_compile_start not in callback_handler.start_callbacks:  # torch._dynamo.reset() cleared it
-        callback_handler.register_start_callback(_on_compile_start)
-    if start is None:  # this compile started before the callback was back: Dynamo's own start time
-        from torch._dynamo.utils import get_metrics_context
-
-        t0_ns = getattr(get_metrics_context(), "_start_time_ns", 0)
-        if t0_ns:
-            start = t_entry - (time.time_ns() - t0_ns) / 1e9
+    start = _dynamo_start(t_entry)
     source = _user_source(gm)
     function = _traced_function() or _module_name(gm) or (source[0]["name"] if source else "<graph>")
     if "torch_dynamo_resume_in_" in function:
@@ -612,10 +610,20 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     return compiled
 
 
-def _on_compile_start(args: Any = None) -> None:
-    cid = getattr(args, "compile_id", None)
-    key = str(cid) if cid is not None else (capture._compile_id() or "?")
-    _frame_start[key] = time.perf_counter()
+def _dynamo_start(now: float) -> float | None:
+    """``perf_counter`` time at which Dynamo started compiling the frame being compiled now.
+
+    Read from Dynamo's own per-frame metrics context (entered when Dynamo starts on a frame, whatever
+    the backend), so it never carries the start of another compile: another backend's compile of the
+    same function, a compile before ``torch._dynamo.reset()`` that reused this compile id, ...
+    """
+    from torch._dynamo.utils import get_metrics_context
+
+    mc = get_metrics_context()
+    t0_ns = getattr(mc, "_start_time_ns", 0) if mc.in_progress() else 0
+    if not t0_ns:
+        return None
+    return now - (time.time_ns() - t0_ns) / 1e9
 
 
 _registered = False
@@ -628,11 +636,9 @@ def register_backend() -> None:
         return
     from torch._dynamo import list_backends
     from torch._dynamo.backends.registry import register_backend as _reg
-    from torch._dynamo.callback import callback_handler
 
     if "neuron" not in list_backends(exclude_tags=()):
         _reg(name="neuron")(neuron_backend)
-    callback_handler.register_start_callback(_on_compile_start)
     capture.install()
     from . import device_interface
 

@@ -1,20 +1,30 @@
 """Ambient capture of Dynamo's graph breaks, recompiles and guards.
 
-Dynamo reports these through its logging artifacts (``graph_breaks``, ``recompiles``, ``guards``); while
-capture is installed, those loggers feed structured records here instead of printing. Each record
-carries Dynamo's own reason/explanation/hint text, the user location, and the compile id.
+Graph breaks are taken where Dynamo decides them, not from its logs: ``InstructionTranslatorBase.
+log_graph_break`` (every break Dynamo takes, once per exception) and ``Unsupported.add_to_stats`` (the
+``torch._dynamo.utils.counters`` entry it counts the break under) are wrapped while capture is
+installed, so no logging configuration (``logging.disable``, a notebook's ``basicConfig``, handlers,
+levels) can hide a break, and the lab's counts equal Dynamo's counters. Recompile reasons and guards
+come from Dynamo's ``recompiles``/``guards`` logging artifacts. Each record carries Dynamo's own
+reason/explanation/hint text, the user location, and the compile id.
+
+:func:`quiet_dynamo` keeps what Dynamo and Inductor print (e.g. the ``W1203 ... Graph break from
+Tensor.item()`` warning block) out of the output while code runs, and keeps it for the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
 import threading
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 __all__ = [
+    "DynamoOutput",
     "GraphBreak",
     "Recompile",
     "clear",
@@ -22,12 +32,12 @@ __all__ = [
     "guards_for",
     "install",
     "is_installed",
+    "quiet_dynamo",
     "recompiles",
     "set_location_mapper",
     "uninstall",
 ]
 
-_BREAK_LOGGER = "torch._dynamo.symbolic_convert.__graph_breaks"
 _RECOMPILE_LOGGER = "torch._dynamo.guards.__recompiles"
 _GUARDS_LOGGER = "torch._dynamo.guards.__guards"
 
@@ -46,6 +56,11 @@ class GraphBreak:
     function: str | None = None
     count: int = 1
     message: str = ""
+    #: where ``torch._dynamo.utils.counters`` counts this break: ``counters[counter][counter_key]``.
+    #: ``"graph_break"`` for breaks Dynamo resumes after; a data-dependent jump is counted by Dynamo
+    #: only as ``"unimplemented"``.
+    counter: str = "unimplemented"
+    counter_key: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -74,7 +89,6 @@ _guards: dict[str, list[str]] = {}
 _installed: dict[str, tuple[int, bool]] = {}
 _mapper: Callable[[str, int], str | None] | None = None
 
-_AT = re.compile(r"in user code at (?P<file>.+?):(?P<line>\d+)")
 _RECOMP = re.compile(r"Recompiling function (?P<fn>\S+) in (?P<file>.+?):(?P<line>\d+)")
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<fn>\w+?)_at_\d+")
 
@@ -103,37 +117,37 @@ def _compile_id() -> str | None:
     return None if cid is None else str(cid)
 
 
-def _parse_break(msg: str) -> GraphBreak | None:
-    m = _AT.search(msg)
-    if m is None:
+def _break_from_exc(exc: BaseException) -> GraphBreak | None:
+    """A GraphBreak from the exception Dynamo is breaking the graph on (its text and user stack)."""
+    stack = getattr(exc, "real_stack", None)
+    if not stack:
+        try:
+            from torch._guards import TracingContext
+
+            stack = TracingContext.extract_stack()
+        except Exception:  # noqa: BLE001
+            stack = None
+    if not stack:
         return None
+    frame = stack[-1]
+    msg = str(getattr(exc, "msg", None) or exc)
     lines = msg.splitlines()
-    reason = ""
     explanation = ""
     hints: list[str] = []
-    for i, ln in enumerate(lines):
-        s = ln.strip()
-        if s.startswith("Graph Break Reason:"):
-            reason = s[len("Graph Break Reason:"):].strip()
-            # the reason may continue on the next non-empty line ("...: a function call, e.g. f(x, y):")
-            if reason.endswith(":") and i + 2 < len(lines):
-                nxt = next((x.strip() for x in lines[i + 1:] if x.strip()), "")
-                if nxt and not nxt.startswith(("Explanation:", "Hint:")):
-                    reason = f"{reason} {nxt}"
-        elif s.startswith("Explanation:"):
-            explanation = s[len("Explanation:"):].strip()
-        elif s.startswith("Hint:"):
-            hints.append(s[len("Hint:"):].strip())
-    filename, line = m.group("file"), int(m.group("line"))
-    frames = re.findall(r'File "([^"]+)", line (\d+), in (\w+)', msg)
-    here = [f for f in frames if (f[0], int(f[1])) == (filename, line)]
-    function = (here or frames or [(None, None, None)])[-1][2]
-    if function:
-        rm = _RESUME.match(function)
-        if rm:
-            function = rm.group("fn")
+    for ln in lines:
+        t = ln.strip()
+        if t.startswith("Explanation:") and not explanation:
+            explanation = t[len("Explanation:"):].strip()
+        elif t.startswith("Hint:"):
+            hints.append(t[len("Hint:"):].strip())
+    reason = str(getattr(exc, "gb_type", "") or next((x.strip() for x in lines if x.strip()), type(exc).__name__))
+    function = frame.name
+    rm = _RESUME.match(function or "")
+    if rm:
+        function = rm.group("fn")
+    filename, line = frame.filename, int(frame.lineno or 0)
     return GraphBreak(
-        reason=reason or lines[0],
+        reason=reason,
         filename=filename,
         line=line,
         location=_location(filename, line),
@@ -142,7 +156,114 @@ def _parse_break(msg: str) -> GraphBreak | None:
         compile_id=_compile_id(),
         function=function,
         message=msg,
+        counter=str(getattr(exc, "category", None) or "unimplemented"),
+        counter_key=msg,
     )
+
+
+_tls = threading.local()
+
+
+def _key(b: GraphBreak) -> tuple[str, int, str, str]:
+    return (b.filename, b.line, b.counter_key, b.counter)
+
+
+def _merge(gb: GraphBreak) -> GraphBreak:
+    """Add ``gb`` (count 1) to the record with its key, or append it; caller holds ``_lock``."""
+    for prev in _breaks:
+        if _key(prev) == _key(gb):
+            prev.count += gb.count
+            return prev
+    _breaks.append(gb)
+    return gb
+
+
+def _note_break(exc: BaseException) -> None:
+    gb = _break_from_exc(exc)
+    if gb is None:
+        return
+    with _lock:
+        gb = _merge(gb)
+    _tls.last = (id(exc), gb)
+
+
+def _note_counted(exc: BaseException, category: str, delta: int) -> None:
+    """Dynamo moved ``exc`` into (delta=1) or out of (delta=-1) ``counters[category]``: move the one
+    count this exception added to the lab's tally under the same counter."""
+    if category != "graph_break":
+        return
+    last = getattr(_tls, "last", None)
+    if last is None or last[0] != id(exc):
+        return
+    gb = last[1]
+    with _lock:
+        if delta > 0 and gb.counter != "graph_break":
+            gb.count -= 1
+            if gb.count <= 0 and gb in _breaks:
+                _breaks.remove(gb)
+            moved = replace(gb, count=1, counter="graph_break", hints=list(gb.hints))
+            _tls.last = (id(exc), _merge(moved))
+        elif delta < 0 and gb in _breaks:
+            gb.count -= 1
+            if gb.count <= 0:
+                _breaks.remove(gb)
+            _tls.last = None
+
+
+_originals: dict[str, Any] = {}
+
+
+def _hook_dynamo() -> None:
+    """Wrap the two Dynamo functions that decide and count a graph break (idempotent)."""
+    if _originals:
+        return
+    from torch._dynamo import exc as dexc
+    from torch._dynamo import symbolic_convert as sc
+
+    log_break = sc.InstructionTranslatorBase.log_graph_break
+    add_stats = dexc.Unsupported.add_to_stats
+    remove_stats = dexc.Unsupported.remove_from_stats
+
+    def log_graph_break(self: Any, code_options: Any, reason: str, exc: Any) -> None:
+        first = not getattr(exc, "logged", False)
+        log_break(self, code_options, reason=reason, exc=exc)
+        if first:
+            try:
+                _note_break(exc)
+            except Exception:  # noqa: BLE001 - capture must never break compilation
+                pass
+
+    def add_to_stats(self: Any, category: str = "unimplemented") -> None:
+        add_stats(self, category)
+        try:
+            _note_counted(self, category, 1)
+        except Exception:  # noqa: BLE001
+            pass
+
+    def remove_from_stats(self: Any) -> None:
+        category = self.category
+        remove_stats(self)
+        try:
+            _note_counted(self, str(category), -1)
+        except Exception:  # noqa: BLE001
+            pass
+
+    _originals.update(log_graph_break=log_break, add_to_stats=add_stats, remove_from_stats=remove_stats)
+    sc.InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
+    dexc.Unsupported.add_to_stats = add_to_stats  # type: ignore[method-assign]
+    dexc.Unsupported.remove_from_stats = remove_from_stats  # type: ignore[method-assign]
+
+
+def _unhook_dynamo() -> None:
+    if not _originals:
+        return
+    from torch._dynamo import exc as dexc
+    from torch._dynamo import symbolic_convert as sc
+
+    sc.InstructionTranslatorBase.log_graph_break = _originals["log_graph_break"]  # type: ignore[method-assign]
+    dexc.Unsupported.add_to_stats = _originals["add_to_stats"]  # type: ignore[method-assign]
+    dexc.Unsupported.remove_from_stats = _originals["remove_from_stats"]  # type: ignore[method-assign]
+    _originals.clear()
 
 
 def _parse_recompile(msg: str) -> Recompile | None:
@@ -186,17 +307,7 @@ class _Handler(logging.Handler):
         except Exception:  # noqa: BLE001 - a broken log record must never break compilation
             return
         try:
-            if record.name == _BREAK_LOGGER:
-                gb = _parse_break(msg)
-                if gb is not None:
-                    with _lock:
-                        for prev in _breaks:
-                            if (prev.filename, prev.line, prev.reason) == (gb.filename, gb.line, gb.reason):
-                                prev.count += 1
-                                break
-                        else:
-                            _breaks.append(gb)
-            elif record.name == _RECOMPILE_LOGGER:
+            if record.name == _RECOMPILE_LOGGER:
                 rc = _parse_recompile(msg)
                 if rc is not None:
                     with _lock:
@@ -230,7 +341,8 @@ def install() -> None:
             _tl.log_state.enable_artifact("recompiles")
         except Exception:  # noqa: BLE001 - an older/newer torch without this state: breaks still work
             pass
-        for name in (_BREAK_LOGGER, _RECOMPILE_LOGGER, _GUARDS_LOGGER):
+        _hook_dynamo()
+        for name in (_RECOMPILE_LOGGER, _GUARDS_LOGGER):
             lg = logging.getLogger(name)
             _installed[name] = (lg.level, lg.propagate)
             lg.setLevel(logging.DEBUG)
@@ -247,6 +359,7 @@ def uninstall() -> None:
             lg.setLevel(level)
             lg.propagate = propagate
         _installed.clear()
+        _unhook_dynamo()
 
 
 def is_installed() -> bool:
@@ -274,3 +387,75 @@ def clear() -> None:
         _breaks.clear()
         _recompiles.clear()
         _guards.clear()
+
+
+@dataclass
+class DynamoOutput:
+    """What Dynamo/Inductor would have printed during a :func:`quiet_dynamo` block."""
+
+    #: ``(logger name, level name, message)`` of every log record of a ``torch.*`` logger
+    records: list[tuple[str, str, str]] = field(default_factory=list)
+    #: ``warnings.warn`` messages raised from inside ``torch`` (user warnings are shown as usual)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return "\n".join(m for _, _, m in self.records)
+
+
+class _Collect(logging.Handler):
+    def __init__(self, out: DynamoOutput) -> None:
+        super().__init__(level=logging.NOTSET)
+        self.out = out
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+        except Exception:  # noqa: BLE001
+            msg = str(record.msg)
+        self.out.records.append((record.name, record.levelname, msg))
+
+
+@contextlib.contextmanager
+def quiet_dynamo() -> Iterator[DynamoOutput]:
+    """Run a block with Dynamo's and Inductor's printed output captured instead of printed.
+
+    Every ``torch.*`` logger that has handlers (``torch._logging`` gives ``torch._dynamo``,
+    ``torch._inductor``... their own stderr handler) and the ``torch`` logger itself send their records
+    to the returned :class:`DynamoOutput` for the duration; warnings issued from inside ``torch`` are
+    kept there too, other warnings are shown as usual. Everything is restored on exit, on every path.
+    Graph-break capture does not depend on this (see :func:`install`).
+    """
+    out = DynamoOutput()
+    handler = _Collect(out)
+    saved: list[tuple[logging.Logger, list[logging.Handler], bool]] = []
+    names = ["torch"] + [n for n in list(logging.Logger.manager.loggerDict) if n.startswith("torch.")]
+    for name in names:
+        lg = logging.getLogger(name) if name == "torch" else logging.Logger.manager.loggerDict.get(name)
+        if not isinstance(lg, logging.Logger) or (name != "torch" and not lg.handlers):
+            continue
+        saved.append((lg, list(lg.handlers), lg.propagate))
+        for h in list(lg.handlers):
+            lg.removeHandler(h)
+        lg.addHandler(handler)
+        lg.propagate = False
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:  # the user's filters still apply
+            yield out
+    finally:
+        for lg, handlers, propagate in saved:
+            lg.removeHandler(handler)
+            for h in handlers:
+                lg.addHandler(h)
+            lg.propagate = propagate
+        for w in caught:
+            if _from_torch(w.filename):
+                out.warnings.append(f"{w.category.__name__}: {w.message}")
+            else:
+                warnings.showwarning(w.message, w.category, w.filename, w.lineno, w.file, w.line)
+
+
+def _from_torch(filename: str) -> bool:
+    f = filename.replace("\\", "/")
+    return "/torch/" in f or "/functorch/" in f
