@@ -554,6 +554,26 @@ def test_backward_kernels_and_new_signatures_are_located_with_their_shapes(ip: A
             in str(prof))
 
 
+def test_dynamo_printed_warnings_are_captured_not_repeated(ip: Any, capfd: Any) -> None:
+    """Dynamo's own graph-break warning block is not printed above the lab's table that says the same."""
+    run(ip, "dq = torch.ones(4, device='neuron')\ndef dqf(t):\n    s = (t * 2).sum().item()\n    return t + s")
+    capfd.readouterr()
+    with capture_output() as cap:
+        res = magic(ip, "neuron_graph_breaks -q -o dqf(dq)")
+    printed = capfd.readouterr()
+    assert res.break_count >= 1
+    shown = printed.out + printed.err + cap.stdout + cap.stderr
+    assert "Graph break" not in shown and "graph break" not in shown.lower(), shown[-2000:]
+    # a profiled cell with --compile: same rule
+    run(ip, "def dqg(t):\n    s = (t * 5).sum().item()\n    return t - s\ndqc = torch.compile(dqg, backend='neuron')")
+    with capture_output() as cap:
+        r = ip.run_cell("%%neuron_profile -q --compile\ndqc(dq * 3)", store_history=True)
+    printed = capfd.readouterr()
+    assert r.error_in_exec is None
+    assert ip.user_ns["_neuron_profile"].graph_breaks
+    assert "graph break" not in (printed.out + printed.err + cap.stdout + cap.stderr).lower()
+
+
 # --------------------------------------------------------------------------- a real Jupyter kernel
 
 

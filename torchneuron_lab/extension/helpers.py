@@ -369,7 +369,7 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
             turned_on = True
     before = _memory_now()
     n_graphs = len(registry.records())
-    n_breaks = len(capture.graph_breaks())
+    break_marks = {id(b): b.count for b in capture.graph_breaks()}  # a repeated break raises its count
     recorder.clear()
     # a long run keeps its first events (warm-up, new signatures) and its newest; the rest is counted
     recorder.start(record_shapes=record_shapes, with_stack=True, keep_first=recorder.DEFAULT_CAPACITY // 8)
@@ -405,7 +405,8 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
     res = ProfileResult(
         trace=trace, summary=summarize(trace.events, k=None), top=top, memory=memory,
         new_subgraphs=[r.id for r in registry.records()[n_graphs:]],
-        graph_breaks=[{"location": b.location, "reason": b.reason} for b in capture.graph_breaks()[n_breaks:]],
+        graph_breaks=[{"location": b.location, "reason": b.reason} for b in capture.graph_breaks()
+                      if b.count > break_marks.get(id(b), 0)],
         error=None if error is None else f"{type(error).__name__}: {error}", memory_snapshot=snapshot,
     )
     return res, value, error

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import shlex
 import sys
 from collections.abc import Callable
@@ -167,10 +168,14 @@ class NeuronMagics(Magics):
             code, first = statement, self._magic_line(statement.strip())
             text = "\n" * (first - 1) + statement
         filename = self._cell_filename(text)
+        from ..compiler.capture import quiet_dynamo
+
         try:
-            res = helpers.graph_breaks(code, first, filename, self.shell.user_ns)
+            with quiet_dynamo() as dyn:  # Dynamo's own "Graph break" warnings: the table says the same
+                res = helpers.graph_breaks(code, first, filename, self.shell.user_ns)
         except helpers.LabInputError as e:
             raise _usage(self.neuron_graph_breaks, str(e)) from None
+        res.dynamo_log = dyn.text
         return _show(res, args)
 
     # -- %neuron_subgraphs -------------------------------------------------------------------------
@@ -262,9 +267,12 @@ class NeuronMagics(Magics):
         with gate:  # Ctrl-C during the lab's set-up/tear-down is deferred; the cell itself stays interruptible
             self.watch.suspend()
             try:
-                res, value, error = helpers.profile_cell(_runner(self.shell, tree, filename, gate),
-                                                         record_shapes=args.record_shapes,
-                                                         memory_peak=args.memory, top=args.top)
+                # with --compile the lab's tables show graphs and breaks: Dynamo's printed copy is captured
+                quiet = _quiet_dynamo() if args.compile else contextlib.nullcontext()
+                with quiet:
+                    res, value, error = helpers.profile_cell(_runner(self.shell, tree, filename, gate),
+                                                             record_shapes=args.record_shapes,
+                                                             memory_peak=args.memory, top=args.top)
             finally:
                 self.watch.resume()
         if gate.pending and error is None:
@@ -323,6 +331,12 @@ def _split_flags(line: str) -> tuple[list[str], str]:
     if rest and not flags and rest.startswith("-"):
         raise UsageError(f"unknown option in {shlex.quote(line)}")
     return flags, rest
+
+
+def _quiet_dynamo() -> Any:
+    from ..compiler.capture import quiet_dynamo
+
+    return quiet_dynamo()
 
 
 def _check_output_path(magic: Callable[..., Any], path: str | None, flag: str) -> str | None:

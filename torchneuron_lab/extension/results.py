@@ -158,6 +158,8 @@ class GraphBreaksResult(_Rich):
             ``hints``, ``count``, ``function``.
         recompiles: one dict per recompile: ``function``, ``location``, ``failures``.
         output: the statement's value.
+        dynamo_log: what Dynamo/Inductor would have printed meanwhile (e.g. its "Graph break" warnings);
+            captured, not printed, since the tables say the same.
     """
 
     statement: str
@@ -165,6 +167,7 @@ class GraphBreaksResult(_Rich):
     breaks: list[dict[str, Any]] = field(default_factory=list)
     recompiles: list[dict[str, Any]] = field(default_factory=list)
     output: Any = None
+    dynamo_log: str = ""
 
     @property
     def graph_count(self) -> int:
