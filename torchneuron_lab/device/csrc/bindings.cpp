@@ -278,6 +278,8 @@ void init_module(py::module& m) {
 
   m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
   m.def("runtime_started", &runtime_started);
+  m.def("init", &init_devices);
+  m.def("in_bad_fork", &in_bad_fork);
   m.def("device_count", &device_count);
   m.def("current_device", &current_device);
   m.def("set_device", [](int d) { set_current_device(d); });
