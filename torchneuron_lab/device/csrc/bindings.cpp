@@ -273,6 +273,7 @@ void init_module(py::module& m) {
   install_hooks();
   install_redirect_cpu_allocator();
   install_profiler_stubs();
+  install_backend_meta_serialization();
   const int routed = route_composites_to_fallback();
   m.attr("routed_composite_ops") = routed;
 

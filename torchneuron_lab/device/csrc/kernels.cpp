@@ -918,19 +918,6 @@ TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
 }
 
-// A sparse CPU tensor's .to("neuron") builds the sparse tensor without dispatching on a neuron key, so the
-// conversion itself checks its destination.
-at::Tensor to_copy_checked(const at::Tensor& self, std::optional<at::ScalarType> dtype,
-                           std::optional<at::Layout> layout, std::optional<at::Device> device,
-                           std::optional<bool> pin_memory, bool non_blocking,
-                           std::optional<at::MemoryFormat> memory_format) {
-  const bool to_neuron = device.has_value() && device->type() == kNeuron;
-  const bool stays_sparse = !layout.has_value() || *layout != at::kStrided;
-  if (to_neuron && stays_sparse) unsupported_layout(self, "aten::_to_copy");
-  return at::native::_to_copy(self, dtype, layout, device, pin_memory, non_blocking, memory_format);
-}
-TORCH_LIBRARY_IMPL(aten, SparseCPU, m) { m.impl("_to_copy", to_copy_checked); }
-TORCH_LIBRARY_IMPL(aten, SparseCsrCPU, m) { m.impl("_to_copy", to_copy_checked); }
 
 // Copies handle the conjugate/negative bits themselves (the CPU copy on aliases resolves them), so the
 // math-bit fallbacks must not try to materialise first: that materialisation is itself a copy on the

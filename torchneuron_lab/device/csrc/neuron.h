@@ -129,6 +129,7 @@ void install_profiler_stubs();
 
 // ---- hooks.cpp / guard.cpp registration ----
 void install_hooks();
+void install_backend_meta_serialization();  // serialization.cpp
 int route_composites_to_fallback();
 
 }  // namespace tnl
