@@ -96,3 +96,28 @@ def test_overflowing_sizes_raise_cpus_errors() -> None:
         if name.startswith("_"):
             continue
         assert pair["neuron"] == pair["cpu"], name
+
+
+FAILED_RESIZE_LEAVES_TENSOR_INTACT = """
+x = torch.arange(4.0, device="neuron")
+facts = {"overflow": outcome(lambda: x.resize_(2**62)), "after_overflow": [list(x.shape), x.tolist()]}
+facts["oom"] = outcome(lambda: x.resize_(1 << 40))["error"]
+facts["after_oom"] = [list(x.shape), x.tolist()]
+facts["set_fail"] = outcome(lambda: x.set_(x.untyped_storage(), 0, (2,), (-1,)))["error"]
+facts["after_set"] = [list(x.shape), list(x.stride()), x.tolist()]
+facts["grow_ok"] = [list(x.resize_(6).shape), x[:4].tolist()]
+emit(facts)
+"""
+
+
+def test_a_failed_resize_or_set_leaves_the_tensor_as_it_was() -> None:
+    # CPU leaves x claiming 2**62 elements over a 16-byte storage after the first failure (its next op
+    # reads out of bounds); neuron keeps the old geometry, so the randomized stress test cannot crash here.
+    facts = run(FAILED_RESIZE_LEAVES_TENSOR_INTACT)
+    assert facts["overflow"]["message"] == "Storage size calculation overflowed with sizes=[4611686018427387904]"
+    assert facts["after_overflow"] == [[4], [0.0, 1.0, 2.0, 3.0]]
+    assert facts["oom"] == "OutOfMemoryError"
+    assert facts["after_oom"] == [[4], [0.0, 1.0, 2.0, 3.0]]
+    assert facts["set_fail"] == "RuntimeError"
+    assert facts["after_set"] == [[4], [1], [0.0, 1.0, 2.0, 3.0]]
+    assert facts["grow_ok"] == [[6], [0.0, 1.0, 2.0, 3.0]]

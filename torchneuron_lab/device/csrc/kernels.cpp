@@ -824,11 +824,34 @@ void prepare_storage_for_resize(const at::Tensor& self) {
   if (st != nullptr && st->allocator() != neuron_allocator()) st->set_allocator(neuron_allocator());
 }
 
+// ATen's CPU resize_/set_ set the new sizes before checking and allocating; when that fails (overflow,
+// out of memory) the CPU tensor is left claiming more elements than its storage holds, and the next op
+// reads or writes out of bounds. On neuron a failed resize_/set_ leaves the tensor exactly as it was.
+struct GeometryRestore {
+  explicit GeometryRestore(const at::Tensor& t)
+      : impl(t.unsafeGetTensorImpl()), storage(impl->storage()), sizes(impl->sizes().vec()),
+        strides(impl->strides().vec()), offset(impl->storage_offset()) {}
+  void restore() {
+    if (impl->storage().unsafeGetStorageImpl() != storage.unsafeGetStorageImpl()) impl->set_storage_keep_dtype(storage);
+    impl->set_sizes_and_strides(sizes, strides, offset);
+  }
+  c10::TensorImpl* impl;
+  c10::Storage storage;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+};
+
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(self.device());
   prepare_storage_for_resize(self);
-  return at::native::resize_(self, size, memory_format);
+  GeometryRestore before(self);
+  try {
+    return at::native::resize_(self, size, memory_format);
+  } catch (...) {
+    before.restore();
+    throw;
+  }
 }
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
@@ -838,7 +861,13 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c
               "\" to a storage on different device \"", source.device(), "\".  This is no longer allowed; the "
               "devices must match.");
   c10::DeviceGuard guard(source.device().has_index() ? source.device() : self.device());
-  at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
+  GeometryRestore before(self);
+  try {
+    at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
+  } catch (...) {
+    before.restore();
+    throw;
+  }
   prepare_storage_for_resize(self);
   return self;
 }
