@@ -37,12 +37,19 @@ def run(code: str, env: dict[str, str] | None = None, timeout: float = 180) -> d
     script = PRELUDE + textwrap.dedent(code)
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", script], cwd=ROOT, env=child_env(env), capture_output=True, text=True,
+            [sys.executable, "-c", script],
+            check=False,
+            cwd=ROOT,
+            env=child_env(env),
+            capture_output=True,
+            text=True,
             timeout=timeout,
         )
     except subprocess.TimeoutExpired as e:
         raise AssertionError(f"child hung (no exit within {timeout} s)") from e
-    assert proc.returncode == 0, f"child crashed or failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    assert proc.returncode == 0, (
+        f"child crashed or failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    )
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert lines, f"child printed nothing; stderr:\n{proc.stderr}"
     facts: dict[str, Any] = json.loads(lines[-1])

@@ -48,7 +48,9 @@ def test_sizes_are_validated_where_they_enter_the_allocator() -> None:
         "message": "Storage.resize_: the new size must be a non-negative number of bytes, got -1",
     }
     assert facts["storage_2**62"]["error"] == "OutOfMemoryError"
-    assert facts["storage_2**62"]["message"].startswith("Neuron out of memory. Tried to allocate 4194304.00 TiB")
+    assert facts["storage_2**62"]["message"].startswith(
+        "Neuron out of memory. Tried to allocate 4194304.00 TiB"
+    )
     assert facts["empty_2**62_bytes"]["error"] == "OutOfMemoryError"
     assert facts["storage_ok"] == {"value": 1000}
     assert facts["num_ooms"] == 2
@@ -134,14 +136,21 @@ def test_non_strided_layouts_raise_one_clear_error() -> None:
     facts = run(LAYOUTS)
     head = "neuron tensors must be dense and strided (torch.strided, not quantized): "
     expected_what = {
-        "coo_to": "sparse", "coo_factory": "sparse", "empty_sparse": "sparse",
-        "csr_use": "sparse compressed (CSR/CSC/BSR/BSC)", "quantized_to": "quantized",
-        "quantize_on_neuron": "quantized", "to_sparse_on_neuron": "Sparse",
+        "coo_to": "sparse",
+        "coo_factory": "sparse",
+        "empty_sparse": "sparse",
+        "csr_use": "sparse compressed (CSR/CSC/BSR/BSC)",
+        "quantized_to": "quantized",
+        "quantize_on_neuron": "quantized",
+        "to_sparse_on_neuron": "Sparse",
     }
     for name, what in expected_what.items():
         assert facts[name]["error"] == "NotImplementedError", (name, facts[name])
         message = facts[name]["message"]
-        assert message.startswith(head) and f"would make a {what} tensor on the emulated neuron device" in message
+        assert (
+            message.startswith(head)
+            and f"would make a {what} tensor on the emulated neuron device" in message
+        )
     assert "aten::quantize_per_tensor" in facts["quantize_on_neuron"]["message"]
     assert facts["dense_still_fine"] == {"value": [[2.0, 0.0], [0.0, 2.0]]}
 

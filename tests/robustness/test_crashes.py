@@ -86,10 +86,12 @@ emit({k: {"cpu": outcome(lambda: f("cpu")), "neuron": outcome(lambda: f("neuron"
 def test_overflowing_sizes_raise_cpus_errors() -> None:
     facts = run(OVERFLOWING_SIZES)
     assert facts["resize_2**62"]["neuron"] == {
-        "error": "RuntimeError", "message": "Storage size calculation overflowed with sizes=[4611686018427387904]"
+        "error": "RuntimeError",
+        "message": "Storage size calculation overflowed with sizes=[4611686018427387904]",
     }
     assert facts["set_negative_stride"]["neuron"] == {
-        "error": "RuntimeError", "message": "Storage size calculation overflowed with sizes=[2] and strides=[-1]"
+        "error": "RuntimeError",
+        "message": "Storage size calculation overflowed with sizes=[2] and strides=[-1]",
     }
     assert facts["set_in_bounds"]["neuron"] == {"value": [0.0, 2]}
     for name, pair in facts.items():
@@ -114,7 +116,9 @@ def test_a_failed_resize_or_set_leaves_the_tensor_as_it_was() -> None:
     # CPU leaves x claiming 2**62 elements over a 16-byte storage after the first failure (its next op
     # reads out of bounds); neuron keeps the old geometry, so the randomized stress test cannot crash here.
     facts = run(FAILED_RESIZE_LEAVES_TENSOR_INTACT)
-    assert facts["overflow"]["message"] == "Storage size calculation overflowed with sizes=[4611686018427387904]"
+    assert (
+        facts["overflow"]["message"] == "Storage size calculation overflowed with sizes=[4611686018427387904]"
+    )
     assert facts["after_overflow"] == [[4], [0.0, 1.0, 2.0, 3.0]]
     assert facts["oom"] == "OutOfMemoryError"
     assert facts["after_oom"] == [[4], [0.0, 1.0, 2.0, 3.0]]

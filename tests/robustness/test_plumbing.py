@@ -77,7 +77,12 @@ def test_backend_metadata_and_view_sharing_survive_save_and_load() -> None:
     assert facts["plain_meta"] == {}
     assert facts["meta_after_load"] == facts["meta"]
     assert facts["meta_after_detach"] == facts["meta"]
-    assert facts["shared_after_load"] == [[100.0, 3.0, 4.0, 5.0], [0.0, 1.0, 100.0, 3.0, 4.0, 5.0], True, "neuron:1"]
+    assert facts["shared_after_load"] == [
+        [100.0, 3.0, 4.0, 5.0],
+        [0.0, 1.0, 100.0, 3.0, 4.0, 5.0],
+        True,
+        "neuron:1",
+    ]
 
 
 GENERATORS = """
@@ -124,7 +129,9 @@ def test_invalid_device_index_raises_runtime_error_like_cuda() -> None:
     facts = run(INVALID_INDEX)
     msg = "invalid neuron device index 5: there are 2 emulated neuron devices (neuron:0 .. neuron:1)"
     assert facts["empty"] == {"error": "RuntimeError", "message": msg}
-    assert facts["to"]["error"] == "RuntimeError" and facts["to"]["message"].startswith("invalid neuron device index 7")
+    assert facts["to"]["error"] == "RuntimeError" and facts["to"]["message"].startswith(
+        "invalid neuron device index 7"
+    )
     assert facts["set_device"]["error"] == "InvalidDeviceIndexError"
     assert facts["set_device_is_value_error_too"] is True
 

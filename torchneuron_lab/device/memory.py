@@ -178,7 +178,9 @@ def _device_index(device: Device = None) -> int:
             allowed = f"no {DEVICE_TYPE} devices are available"
         else:
             allowed = f"valid indices are 0..{count - 1} ({count} {DEVICE_TYPE} device{'s' * (count != 1)})"
-        raise InvalidDeviceIndexError(f"Invalid device {str(shown)!r}: index {index} is out of range; {allowed}")
+        raise InvalidDeviceIndexError(
+            f"Invalid device {str(shown)!r}: index {index} is out of range; {allowed}"
+        )
     return index
 
 
@@ -459,8 +461,9 @@ def _record_memory_history(
         _device_index(device)
     entries = min(max_entries, 2**63 - 1) if enabled == "all" else 1
     _lib().record_memory_history(enabled is not None, context is not None, entries)
-    _HISTORY_STATE.update(enabled=enabled, context=None if enabled is None else context,
-                          max_entries=max_entries)
+    _HISTORY_STATE.update(
+        enabled=enabled, context=None if enabled is None else context, max_entries=max_entries
+    )
 
 
 def _snapshot(device: Device = None) -> Snapshot:

@@ -10,6 +10,7 @@ import torch
 
 from . import memory  # torch.neuron.memory, like torch.cuda.memory
 from ._backend import lib as _lib
+from .memory import _device_index as _memory_device_index
 from .memory import (
     _dump_snapshot,
     _record_memory_history,
@@ -28,17 +29,49 @@ from .memory import (
     reset_max_memory_allocated,
     reset_peak_memory_stats,
 )
-from .memory import _device_index as _memory_device_index
 
 __all__ = [
-    "current_device", "device", "device_count", "get_device_capability", "init", "device_of", "empty_cache", "get_amp_supported_dtype",
-    "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "initial_seed",
-    "is_available", "is_bf16_supported", "is_initialized", "manual_seed", "manual_seed_all",
-    "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
-    "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict", "memory_summary",
-    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed",
-    "seed_all", "set_device", "set_rng_state", "set_rng_state_all", "synchronize", "_dump_snapshot",
-    "_record_memory_history", "_snapshot", "default_generators", "memory",
+    "_dump_snapshot",
+    "_record_memory_history",
+    "_snapshot",
+    "current_device",
+    "default_generators",
+    "device",
+    "device_count",
+    "device_of",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "get_device_capability",
+    "get_device_name",
+    "get_device_properties",
+    "get_rng_state",
+    "get_rng_state_all",
+    "init",
+    "initial_seed",
+    "is_available",
+    "is_bf16_supported",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_snapshot",
+    "memory_stats",
+    "memory_stats_as_nested_dict",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_max_memory_allocated",
+    "reset_peak_memory_stats",
+    "seed",
+    "seed_all",
+    "set_device",
+    "set_rng_state",
+    "set_rng_state_all",
+    "synchronize",
 ]
 
 _DeviceLike = torch.device | str | int | None
@@ -211,7 +244,9 @@ def get_rng_state(device: _DeviceLike = "neuron") -> torch.Tensor:
 
 
 def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "neuron") -> None:
-    _gen(None if device == "neuron" else device).set_state(new_state.clone(memory_format=torch.contiguous_format))
+    _gen(None if device == "neuron" else device).set_state(
+        new_state.clone(memory_format=torch.contiguous_format)
+    )
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
@@ -283,7 +318,7 @@ def _contains_neuron_tensor(obj: object) -> bool:
         _Probe(_NullSink(), protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
     except RuntimeError:
         return found
-    except Exception:  # objects this probe cannot walk are left to the real pickler
+    except Exception:  # noqa: BLE001  (objects this probe cannot walk are left to the real pickler)
         return found
     return found
 
@@ -314,16 +349,16 @@ def _guard_queue_put(original: Any) -> Any:
 
 def _install_multiprocessing_guards() -> None:
     import multiprocessing.queues
-
     from multiprocessing.reduction import ForkingPickler
 
-    import torch.multiprocessing.reductions  # noqa: F401  (registers torch's reducers first)
+    import torch.multiprocessing.reductions
 
     reducers = ForkingPickler._extra_reducers  # type: ignore[attr-defined]
+    shared_types = (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)
     for cls in list(reducers):
-        if isinstance(cls, type) and issubclass(cls, (torch.Tensor, torch.UntypedStorage, torch.TypedStorage)):
-            if not getattr(reducers[cls], "_tnl_guard", False):
-                reducers[cls] = _guard_reducer(reducers[cls])
+        guarded = getattr(reducers[cls], "_tnl_guard", False)
+        if isinstance(cls, type) and issubclass(cls, shared_types) and not guarded:
+            reducers[cls] = _guard_reducer(reducers[cls])
     queue_cls = multiprocessing.queues.Queue
     if not getattr(queue_cls.put, "_tnl_guard", False):
         queue_cls.put = _guard_queue_put(queue_cls.put)  # type: ignore[method-assign]
