@@ -135,6 +135,10 @@ def _parse_device_string(text: str, original: object) -> int | None:
     return int(index_text)
 
 
+class InvalidDeviceIndexError(ValueError, RuntimeError):
+    """A neuron device index out of range: a ``RuntimeError`` as CUDA raises, and a ``ValueError`` (a bad value)."""
+
+
 def _device_index(device: Device = None) -> int:
     """Resolve ``device`` to a validated device index.
 
@@ -142,7 +146,8 @@ def _device_index(device: Device = None) -> int:
     ``torch.device`` of type ``neuron``. A device without an index means the current device.
 
     Raises:
-        ValueError: another device type, a malformed string, or an index out of range.
+        ValueError: another device type, a malformed string, or an index out of range (the last as
+            ``InvalidDeviceIndexError``, also a ``RuntimeError`` like CUDA's invalid-device error).
         TypeError: an object that is not a device at all.
     """
     index: int | None
@@ -173,7 +178,9 @@ def _device_index(device: Device = None) -> int:
             allowed = f"no {DEVICE_TYPE} devices are available"
         else:
             allowed = f"valid indices are 0..{count - 1} ({count} {DEVICE_TYPE} device{'s' * (count != 1)})"
-        raise ValueError(f"Invalid device {str(shown)!r}: index {index} is out of range; {allowed}")
+        raise InvalidDeviceIndexError(
+            f"Invalid device {str(shown)!r}: index {index} is out of range; {allowed}"
+        )
     return index
 
 
@@ -454,8 +461,9 @@ def _record_memory_history(
         _device_index(device)
     entries = min(max_entries, 2**63 - 1) if enabled == "all" else 1
     _lib().record_memory_history(enabled is not None, context is not None, entries)
-    _HISTORY_STATE.update(enabled=enabled, context=None if enabled is None else context,
-                          max_entries=max_entries)
+    _HISTORY_STATE.update(
+        enabled=enabled, context=None if enabled is None else context, max_entries=max_entries
+    )
 
 
 def _snapshot(device: Device = None) -> Snapshot:

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <pthread.h>
 #include <mutex>
 #include <set>
 #include <sstream>
@@ -113,6 +114,9 @@ class DeviceAllocator {
     std::shared_ptr<c10::GatheredContext> ctx;
     if (g_record_context.load(std::memory_order_relaxed) && g_context_fn) ctx = g_context_fn();
     std::unique_lock<std::mutex> lock(mu_);
+    // Every size enters here: a request beyond the capacity can never be met (and would overflow the
+    // rounding below, e.g. a size_t made from a negative or overflowed byte count): out of memory.
+    if (n > static_cast<size_t>(capacity_)) raise_oom(n, n, ctx, lock);
     const size_t size = round_size(n);
     const bool small = size <= kSmallSize;
     Block* block = find_free(small, size);
@@ -252,6 +256,10 @@ class DeviceAllocator {
     trace_.clear();
     trace_next_ = 0;
   }
+  // pthread_atfork: the forking thread holds every allocator lock across fork(), so the child inherits
+  // consistent structures and unlocked mutexes (no other thread can be half-way through them).
+  void fork_lock() { mu_.lock(); }
+  void fork_unlock() { mu_.unlock(); }
   OomInfo last_oom() {
     std::lock_guard<std::mutex> lock(mu_);
     return last_oom_;
@@ -363,7 +371,7 @@ class DeviceAllocator {
     return b;
   }
 
-  [[noreturn]] void raise_oom(size_t requested, size_t seg, std::shared_ptr<c10::GatheredContext> ctx,
+  [[noreturn]] void raise_oom(uint64_t requested, uint64_t seg, std::shared_ptr<c10::GatheredContext> ctx,
                               std::unique_lock<std::mutex>& lock) {
     stats_.num_ooms++;
     const int64_t allocated = stats_.allocated_bytes[kAll].current;
@@ -382,7 +390,7 @@ class DeviceAllocator {
          "reduce the batch size or free tensors (see %neuron_memory). The emulated capacity is set by "
          "TORCHNEURON_LAB_HBM_BYTES.";
     last_oom_.valid = true;
-    last_oom_.requested = static_cast<int64_t>(requested);
+    last_oom_.requested = static_cast<int64_t>(std::min<uint64_t>(requested, INT64_MAX));
     last_oom_.allocated = allocated;
     last_oom_.reserved = reserved;
     last_oom_.capacity = capacity_;
@@ -391,19 +399,20 @@ class DeviceAllocator {
     last_oom_.message = m.str();
     last_oom_.context = ctx;
     if (g_record_history.load(std::memory_order_relaxed))
-      trace("oom", reinterpret_cast<char*>(static_cast<uintptr_t>(std::max<int64_t>(free_dev, 0))), requested,
-            ctx);
+      trace("oom", reinterpret_cast<char*>(static_cast<uintptr_t>(std::max<int64_t>(free_dev, 0))),
+            static_cast<size_t>(requested), ctx);
     lock.unlock();
     TORCH_CHECK_WITH(OutOfMemoryError, false, m.str());
   }
 
-  static std::string fmt(int64_t bytes) {
+  static std::string fmt(uint64_t bytes) {
     char buf[64];
     const double b = static_cast<double>(bytes);
-    if (bytes >= (1LL << 30)) snprintf(buf, sizeof buf, "%.2f GiB", b / (1LL << 30));
+    if (bytes >= (1ULL << 40)) snprintf(buf, sizeof buf, "%.2f TiB", b / (1ULL << 40));
+    else if (bytes >= (1LL << 30)) snprintf(buf, sizeof buf, "%.2f GiB", b / (1LL << 30));
     else if (bytes >= (1LL << 20)) snprintf(buf, sizeof buf, "%.2f MiB", b / (1LL << 20));
     else if (bytes >= 1024) snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
-    else snprintf(buf, sizeof buf, "%lld bytes", static_cast<long long>(bytes));
+    else snprintf(buf, sizeof buf, "%llu bytes", static_cast<unsigned long long>(bytes));
     return buf;
   }
 
@@ -441,6 +450,7 @@ DeviceAllocator* peek_device(int d) {
 }
 
 DeviceAllocator* get_device(int d) {
+  check_not_in_bad_fork();
   DeviceAllocator* a = peek_device(d);
   if (a != nullptr) return a;
   check_device_index(d);
@@ -520,7 +530,89 @@ class RedirectCpuAllocator final : public c10::Allocator {
 NeuronAllocator g_neuron_allocator;
 RedirectCpuAllocator* g_redirect = nullptr;
 
+// Pinned host memory for neuron (tensor.pin_memory("neuron")): page-aligned host allocations the
+// device's DMA could use directly; isPinnedPtr() answers for any address inside one of them.
+std::mutex g_pinned_mu;
+std::map<uintptr_t, size_t> g_pinned;  // start -> bytes
+
+void pinned_free(void* ptr) {
+  if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    g_pinned.erase(reinterpret_cast<uintptr_t>(ptr));
+  }
+  std::free(ptr);
+}
+
+class PinnedHostAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t n) override {
+    if (n == 0) return c10::DataPtr(nullptr, nullptr, &pinned_free, c10::Device(c10::kCPU));
+    TORCH_CHECK_WITH(OutOfMemoryError, n <= (static_cast<size_t>(1) << 62),
+                     "neuron pinned host memory: can't allocate ", n, " bytes");
+    const size_t rounded = (n + kSegmentAlign - 1) / kSegmentAlign * kSegmentAlign;
+    void* p = std::aligned_alloc(kSegmentAlign, rounded);
+    TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "neuron pinned host memory: can't allocate ", n, " bytes");
+    {
+      std::lock_guard<std::mutex> lock(g_pinned_mu);
+      g_pinned[reinterpret_cast<uintptr_t>(p)] = n;
+    }
+    return c10::DataPtr(p, p, &pinned_free, c10::Device(c10::kCPU));
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &pinned_free; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+};
+PinnedHostAllocator g_pinned_allocator;
+
+std::atomic<bool> g_bad_fork{false};
+
+void fork_prepare() {
+  g_devices_mu.lock();
+  for (int d = 0; d < 64; ++d)
+    if (DeviceAllocator* a = peek_device(d)) a->fork_lock();
+  g_pinned_mu.lock();
+}
+void fork_parent() {
+  g_pinned_mu.unlock();
+  for (int d = 63; d >= 0; --d)
+    if (DeviceAllocator* a = peek_device(d)) a->fork_unlock();
+  g_devices_mu.unlock();
+}
+void fork_child() {
+  // As CUDA: a child forked after the device was initialised may not use it (its memory is a
+  // copy-on-write snapshot, the parent's other threads are gone); freeing inherited tensors stays safe.
+  if (runtime_started()) g_bad_fork.store(true);
+  fork_parent();
+}
+
 }  // namespace
+
+c10::Allocator* pinned_host_allocator() { return &g_pinned_allocator; }
+bool is_pinned_host_ptr(const void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  auto it = g_pinned.upper_bound(p);
+  if (it == g_pinned.begin()) return false;
+  --it;
+  return p < it->first + std::max<size_t>(it->second, 1);
+}
+
+bool in_bad_fork() { return g_bad_fork.load(); }
+void check_not_in_bad_fork() {
+  TORCH_CHECK(!g_bad_fork.load(std::memory_order_relaxed),
+              "Cannot re-initialize neuron in forked subprocess. To use neuron with multiprocessing, you must "
+              "use the 'spawn' start method (the emulated device's memory and threads belong to the parent "
+              "process; move tensors to the CPU before handing them to a forked worker).");
+}
+void install_fork_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] { pthread_atfork(&fork_prepare, &fork_parent, &fork_child); });
+}
+void init_devices() {
+  for (int d = 0; d < device_count(); ++d) get_device(d);
+}
 
 c10::Allocator* neuron_allocator() { return &g_neuron_allocator; }
 c10::DataPtr allocate_on(int device, size_t nbytes) { return get_device(device)->allocate(nbytes); }

@@ -358,11 +358,14 @@ void init_module(py::module& m) {
   install_hooks();
   install_redirect_cpu_allocator();
   install_profiler_stubs();
+  install_backend_meta_serialization();
   const int routed = route_composites_to_fallback();
   m.attr("routed_composite_ops") = routed;
 
   m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
   m.def("runtime_started", &runtime_started);
+  m.def("init", &init_devices);
+  m.def("in_bad_fork", &in_bad_fork);
   m.def("device_count", &device_count);
   m.def("current_device", &current_device);
   m.def("set_device", [](int d) { set_current_device(d); });

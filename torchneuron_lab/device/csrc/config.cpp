@@ -36,7 +36,8 @@ void mark_runtime_started() { g_started.store(true); }
 int device_count() { return config().num_devices; }
 
 void check_device_index(int64_t index) {
-  TORCH_CHECK_INDEX(index >= 0 && index < device_count(), "invalid neuron device index ", index,
+  // RuntimeError, as CUDA raises for an invalid device ordinal
+  TORCH_CHECK(index >= 0 && index < device_count(), "invalid neuron device index ", index,
                     ": there are ", device_count(), " emulated neuron devices (neuron:0 .. neuron:",
                     device_count() - 1, ")");
 }

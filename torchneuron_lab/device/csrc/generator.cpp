@@ -19,8 +19,36 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
         engine_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
 
   void set_current_seed(uint64_t seed) override { engine_.set_current_seed(seed); }
-  void set_offset(uint64_t offset) override { engine_.set_offset(offset); }
-  uint64_t get_offset() const override { return engine_.unsafeGetGeneratorImpl()->get_offset(); }
+  // The offset is the position in the device's random stream: the number of 32-bit draws taken from
+  // the engine since it was seeded. set_offset(n) restarts the stream from the current seed and skips n
+  // draws; get_offset() finds the position of the current state (bounded search, see kMaxOffsetTwists).
+  void set_offset(uint64_t offset) override {
+    TORCH_CHECK(offset <= kMaxOffset, "neuron Generator.set_offset: offset ", offset, " is beyond the supported ",
+                kMaxOffset, " draws");
+    std::lock_guard<std::mutex> lock(cpu_impl()->mutex_);
+    auto* cpu = cpu_impl();
+    at::mt19937 e(cpu->current_seed());
+    for (uint64_t i = 0; i < offset; ++i) e();
+    cpu->set_current_seed(cpu->current_seed());  // also clears the cached normal samples
+    cpu->set_engine(e);
+  }
+  uint64_t get_offset() const override {
+    std::lock_guard<std::mutex> lock(cpu_impl()->mutex_);
+    auto* cpu = cpu_impl();
+    const at::mt19937_data_pod cur = cpu->engine().data();
+    at::mt19937 e(cpu->current_seed());
+    if (cur.next_ == 0) return 0;  // nothing drawn since seeding
+    // after k >= 1 draws: next_ == (k - 1) % N + 1 and the state array has been regenerated ceil(k / N) times
+    uint64_t k = 0;
+    for (int i = 0; i < cur.next_; ++i, ++k) e();
+    for (uint64_t twists = 1; twists <= kMaxOffsetTwists; ++twists) {
+      const at::mt19937_data_pod d = e.data();
+      if (d.next_ == cur.next_ && d.left_ == cur.left_ && d.state_ == cur.state_) return k;
+      for (int i = 0; i < at::MERSENNE_STATE_N; ++i, ++k) e();
+    }
+    TORCH_CHECK(false, "neuron Generator.get_offset: the stream position is beyond ", kMaxOffset,
+                " draws from the seed (or the state was set with set_state from another seed)");
+  }
   uint64_t current_seed() const override { return engine_.unsafeGetGeneratorImpl()->current_seed(); }
   uint64_t seed() override { return engine_.seed(); }
   void set_state(const c10::TensorImpl& new_state) override {
@@ -32,7 +60,10 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
     return engine_.unsafeGetGeneratorImpl()->get_state();
   }
   static c10::DeviceType device_type() { return kNeuron; }
+  static constexpr uint64_t kMaxOffsetTwists = 1 << 16;
+  static constexpr uint64_t kMaxOffset = kMaxOffsetTwists * at::MERSENNE_STATE_N;
   const at::Generator& engine() const { return engine_; }
+  at::CPUGeneratorImpl* cpu_impl() const { return static_cast<at::CPUGeneratorImpl*>(engine_.unsafeGetGeneratorImpl()); }
 
  private:
   NeuronGeneratorImpl* clone_impl() const override {

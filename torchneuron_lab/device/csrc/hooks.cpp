@@ -19,8 +19,8 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
     const int d = device_of_ptr(data);
     return c10::Device(kNeuron, d < 0 ? current_device() : d);
   }
-  bool isPinnedPtr(const void* /*data*/) const override { return false; }
-  at::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* data) const override { return data != nullptr && is_pinned_host_ptr(data); }
+  at::Allocator* getPinnedMemoryAllocator() const override { return pinned_host_allocator(); }
   bool hasPrimaryContext(c10::DeviceIndex /*device_index*/) const override { return runtime_started(); }
   c10::DeviceIndex deviceCount() const override { return static_cast<c10::DeviceIndex>(device_count()); }
   void setCurrentDevice(c10::DeviceIndex device) const override { set_current_device(device); }
@@ -35,6 +35,9 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
   }
   void resizePrivateUse1Bytes(const c10::Storage& storage, size_t newsize) const override {
     c10::StorageImpl* impl = storage.unsafeGetStorageImpl();
+    // UntypedStorage.resize_(-1) arrives as a huge size_t: reject it before it reaches the allocator
+    TORCH_CHECK(static_cast<int64_t>(newsize) >= 0, "Storage.resize_: the new size must be a non-negative ",
+                "number of bytes, got ", static_cast<int64_t>(newsize));
     TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
     const int d = impl->device().index() < 0 ? current_device() : impl->device().index();
     c10::DataPtr fresh = allocate_on(d, newsize);
@@ -50,6 +53,7 @@ void install_hooks() {
   if (done) return;
   done = true;
   at::RegisterPrivateUse1HooksInterface(new NeuronHooks());
+  install_fork_handlers();
 }
 
 }  // namespace tnl

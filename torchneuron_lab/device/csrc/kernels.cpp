@@ -18,6 +18,11 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/native/DispatchStub.h>
+#include <ATen/native/Resize.h>
+#include <ATen/native/TensorFactories.h>
+#include <ATen/ops/_efficientzerotensor_native.h>
+#include <ATen/ops/resize_native.h>
+#include <ATen/ops/set_native.h>
 #include <ATen/native/transformers/attention.h>
 #include <ATen/ops/_fused_sdp_choice_native.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -33,6 +38,8 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -271,8 +278,28 @@ struct CallState {
   bool cpu_outputs = false;
 };
 
-// Replaces a neuron tensor by a zero-copy CPU alias and remembers the pair for map_back().
+// A CPU view with t's geometry on an existing CPU alias storage.
+at::Tensor cpu_view_on(const at::Tensor& t, const c10::Storage& cpu_storage) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(cpu_storage),
+                                                   c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) impl->_set_conj(true);
+  if (t.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+// Replaces a neuron tensor by a zero-copy CPU alias and remembers the pair for map_back(). Arguments
+// that share a neuron storage get CPU aliases sharing ONE CPU storage, so ATen's internal/partial
+// overlap checks (which compare storages) see the aliasing exactly as they would on CPU.
 at::Tensor alias_in(CallState& cs, const at::Tensor& t, bool writable) {
+  c10::StorageImpl* ns = t.storage().unsafeGetStorageImpl();
+  for (auto& in : cs.ins) {
+    if (in.original.storage().unsafeGetStorageImpl() == ns) {
+      at::Tensor a = cpu_view_on(t, in.alias.storage());
+      cs.ins.push_back({t, a, in.alias_storage, in.data, in.nbytes, writable});
+      return a;
+    }
+  }
   at::Tensor a = cpu_alias(t);
   cs.ins.push_back({t, a, a.storage().unsafeGetStorageImpl(), t.storage().data_ptr().get(), t.storage().nbytes(),
                     writable});
@@ -370,9 +397,32 @@ int64_t compute_flops(Flops f, const std::vector<at::Tensor>& in, const at::Tens
 }
 
 // ------------------------------------------------------------------------------------------------
+// Layouts the device does not hold: one error, at the boundary (see README.md "What stays unsupported")
+
+std::string layout_label(const at::Tensor& t) {
+  if (t.is_quantized()) return "quantized";
+  std::ostringstream o;
+  o << t.layout();
+  std::string s = o.str();
+  return s.rfind("torch.", 0) == 0 ? s.substr(6) : s;
+}
+
+[[noreturn]] void unsupported_layout_named(const std::string& what, const std::string& op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors must be dense and strided (torch.strided, not quantized): ",
+                              op, " would make a ", what, " tensor on the emulated neuron device, which ",
+                              "has no kernels for it. Keep it on the CPU, or convert it first (.to_dense() for ",
+                              "sparse layouts, .dequantize() for quantized tensors), then move it to neuron.");
+}
+
+[[noreturn]] void unsupported_layout(const at::Tensor& t, const std::string& op) {
+  unsupported_layout_named(layout_label(t), op);
+}
+
+// ------------------------------------------------------------------------------------------------
 // The fallback
 
 void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
+  check_not_in_bad_fork();
   const OpMeta& meta = op_meta(op);
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
@@ -397,6 +447,13 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       else if (d != cs.device)
         device_mismatch("neuron:" + std::to_string(cs.device), "neuron:" + std::to_string(d),
                         schema.arguments()[argi].name(), meta.name);
+      if (t._is_zerotensor()) {
+        // A ZeroTensor has no memory behind it (ATen's ZeroTensor kernels handle the ops that know
+        // it); any other op reads it as the zeros it stands for, as ATen's ZeroTensor fallback does.
+        TORCH_CHECK(!meta.write_args[argi], "ZeroTensors are immutable. Please materialize the tensor using "
+                    "`.clone()`, if you want a mutable zero tensor.");
+        return at::zeros(t.sizes(), t.options().device(c10::kCPU));
+      }
       return alias_in(cs, t, meta.write_args[argi]);
     }
     if (t.is_cpu()) {
@@ -516,13 +573,16 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
 
   // write back in-place / out= arguments whose storage or geometry the kernel changed
   if (meta.any_write) {
+    c10::SmallVector<c10::StorageImpl*, 4> storages_done;  // aliases may share one CPU storage
     for (auto& in : cs.ins) {
       if (!in.writable) continue;
       c10::TensorImpl* a = in.alias.unsafeGetTensorImpl();
       c10::TensorImpl* o = in.original.unsafeGetTensorImpl();
       c10::StorageImpl* as = a->storage().unsafeGetStorageImpl();
-      if (as == in.alias_storage &&
+      const bool done = std::find(storages_done.begin(), storages_done.end(), as) != storages_done.end();
+      if (as == in.alias_storage && !done &&
           (as->data_ptr().get() != in.data || as->nbytes() != in.nbytes)) {
+        storages_done.push_back(as);
         c10::StorageImpl* ns = o->storage().unsafeGetStorageImpl();
         if (is_neuron_data_ptr(as->data_ptr())) {
           c10::DataPtr dp = as->set_data_ptr(c10::DataPtr());
@@ -550,6 +610,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   at::Tensor out0;
   auto back = [&](const at::Tensor& t) -> at::Tensor {
     if (!t.defined() || cs.cpu_outputs || !t.is_cpu()) return t;
+    if (t.layout() != at::kStrided || t.is_quantized()) unsupported_layout(t, meta.name);
     bool is_input = false;
     at::Tensor r = map_back(cs, t, &is_input);
     if (rec && (is_input || !meta.view_only)) bytes_written += nbytes_of(t);
@@ -611,6 +672,13 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
 // ------------------------------------------------------------------------------------------------
 // Native kernels
 
+// torch.use_deterministic_algorithms(True): uninitialised memory is filled (NaN, or the integer maximum),
+// as CPU and CUDA do, unless torch.utils.deterministic.fill_uninitialized_memory is False.
+void fill_if_deterministic(at::Tensor& t) {
+  if (at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory())
+    at::native::fill_empty_deterministic_(t);
+}
+
 int device_index_of(std::optional<c10::Device> d) {
   if (!d.has_value() || !d->has_index()) return current_device();
   return d->index();
@@ -625,8 +693,11 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
   const int d = device_index_of(device);
   check_device_index(d);
   c10::DeviceGuard guard(c10::Device(kNeuron, d));
-  return at::detail::empty_generic(size, neuron_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                   c10::dtype_or_default(dtype), memory_format);
+  at::Tensor t = at::detail::empty_generic(size, neuron_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           c10::dtype_or_default(dtype), memory_format);
+  fill_if_deterministic(t);
+  return t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
@@ -637,9 +708,46 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::op
   const int d = device_index_of(device);
   check_device_index(d);
   c10::DeviceGuard guard(c10::Device(kNeuron, d));
-  return at::detail::empty_strided_generic(size, stride, neuron_allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
-                                           c10::dtype_or_default(dtype));
+  at::Tensor t = at::detail::empty_strided_generic(size, stride, neuron_allocator(),
+                                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                                   c10::dtype_or_default(dtype));
+  fill_if_deterministic(t);
+  return t;
+}
+
+// native_dropout draws with the device generator passed explicitly (the CPU kernel would draw from the
+// process-wide CPU generator, which other threads use concurrently). Same steps as ATen's CPU kernel, so
+// a seeded neuron dropout equals a CPU dropout from the same generator state.
+std::tuple<at::Tensor, at::Tensor> native_dropout(const at::Tensor& input, double p, std::optional<bool> train) {
+  if (input.numel() == 0) return std::make_tuple(input, at::empty_like(input, input.options()));
+  if (train.has_value() && !*train) {
+    return std::make_tuple(input.clone(), at::ones_like(input, input.options().dtype(at::kBool)));
+  }
+  const double keep = 1. - p;
+  const double scale = keep == 0 ? 0. : 1. / keep;
+  at::Tensor mask = at::empty_like(input, input.options().dtype(at::kBool));
+  mask.bernoulli_(keep, default_generator(input.device().index()));
+  at::Tensor output = input.mul(mask).mul_(scale);
+  return std::make_tuple(output, mask);
+}
+
+// torch._efficientzerotensor on neuron: a tensor with no memory behind it, as on CPU and CUDA (forward-mode
+// AD makes these for the tangents of constants). ATen's ZeroTensor kernels run above the backend.
+at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> /*pin_memory*/) {
+  TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "neuron tensors support only the strided layout, got ",
+              *layout);
+  const int d = device_index_of(device);
+  check_device_index(d);
+  // the storage keeps a pointer to its allocator: one per device, alive for the process
+  static std::array<std::unique_ptr<at::native::ZeroTensorAllocator>, 64> zeros;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (int i = 0; i < 64; ++i) zeros[i] = std::make_unique<at::native::ZeroTensorAllocator>(c10::Device(kNeuron, i));
+  });
+  const auto ks = c10::DispatchKeySet(c10::DispatchKey::PrivateUse1) | c10::DispatchKeySet(c10::DispatchKey::ZeroTensor);
+  return at::detail::empty_generic(size, zeros[d].get(), ks, c10::dtype_or_default(dtype), std::nullopt);
 }
 
 void record_dma(const char* name, Direction dir, int device, int64_t t0, int64_t t1, int64_t bytes) {
@@ -672,6 +780,7 @@ void record_sync(const char* what, int device, int64_t t0, int64_t t1) {
 }
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+  check_not_in_bad_fork();
   const bool src_n = self.device().type() == kNeuron;
   const bool dst_n = dst.device().type() == kNeuron;
   TORCH_CHECK(src_n || self.is_cpu(), "copy from ", self.device(), " to ", dst.device(), " is not supported");
@@ -679,7 +788,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_b
   const bool rec = recording();
   const int64_t t0 = rec ? now_ns() : 0;
   at::Tensor s = src_n ? cpu_alias(self) : self;
-  at::Tensor d = dst_n ? cpu_alias(dst) : dst;
+  // src and dst sharing a neuron storage share one CPU storage, so the copy's overlap checks hold
+  at::Tensor d = !dst_n ? dst
+                 : (src_n && self.storage().unsafeGetStorageImpl() == dst.storage().unsafeGetStorageImpl())
+                     ? cpu_view_on(dst, s.storage())
+                     : cpu_alias(dst);
   {
     RedirectGuard redirect(-1);
     d.copy_(s);
@@ -705,61 +818,58 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
+// Storages of neuron tensors allocate through the neuron allocator on their own device, so ATen's CPU
+// resize/set_ code (size and overflow checks, bounds checks, deterministic fill) runs unchanged on them.
+void prepare_storage_for_resize(const at::Tensor& self) {
+  c10::StorageImpl* st = self.unsafeGetTensorImpl()->unsafe_storage().unsafeGetStorageImpl();
+  if (st != nullptr && st->allocator() != neuron_allocator()) st->set_allocator(neuron_allocator());
+}
+
+// ATen's CPU resize_/set_ set the new sizes before checking and allocating; when that fails (overflow,
+// out of memory) the CPU tensor is left claiming more elements than its storage holds, and the next op
+// reads or writes out of bounds. On neuron a failed resize_/set_ leaves the tensor exactly as it was.
+struct GeometryRestore {
+  explicit GeometryRestore(const at::Tensor& t)
+      : impl(t.unsafeGetTensorImpl()), storage(impl->storage()), sizes(impl->sizes().vec()),
+        strides(impl->strides().vec()), offset(impl->storage_offset()) {}
+  void restore() {
+    if (impl->storage().unsafeGetStorageImpl() != storage.unsafeGetStorageImpl()) impl->set_storage_keep_dtype(storage);
+    impl->set_sizes_and_strides(sizes, strides, offset);
+  }
+  c10::TensorImpl* impl;
+  c10::Storage storage;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset;
+};
+
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
-  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
-  int64_t numel = 1;
-  for (int64_t s : size) {
-    TORCH_CHECK(s >= 0, "Trying to create tensor with negative dimension ", s, ": ", size);
-    numel *= s;
+  c10::DeviceGuard guard(self.device());
+  prepare_storage_for_resize(self);
+  GeometryRestore before(self);
+  try {
+    return at::native::resize_(self, size, memory_format);
+  } catch (...) {
+    before.restore();
+    throw;
   }
-  impl->set_sizes_contiguous(size);
-  const size_t need = static_cast<size_t>((numel + impl->storage_offset()) * self.element_size());
-  c10::StorageImpl* st = impl->storage().unsafeGetStorageImpl();
-  if (numel > 0 && need > st->nbytes()) {
-    TORCH_CHECK(st->resizable(), "Trying to resize storage that is not resizable");
-    const int d = self.device().index();
-    c10::DataPtr fresh = allocate_on(d, need);
-    if (st->nbytes() > 0 && st->data_ptr().get() != nullptr)
-      std::memcpy(fresh.get(), st->data_ptr().get(), st->nbytes());
-    st->set_data_ptr_noswap(std::move(fresh));
-    st->set_nbytes(need);
-  }
-  if (memory_format.has_value() && *memory_format != at::MemoryFormat::Preserve)
-    impl->empty_tensor_restride(*memory_format);
-  return self;
 }
 
 at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c10::IntArrayRef size,
                         c10::IntArrayRef stride) {
-  TORCH_CHECK(source.device() == self.device() || !source.data_ptr().get(),
+  TORCH_CHECK(source.device().type() == kNeuron,
               "Attempted to set the storage of a tensor on device \"", self.device(),
-              "\" to a storage on different device \"", source.device(), "\"");
-  c10::TensorImpl* impl = self.unsafeGetTensorImpl();
-  impl->set_storage_keep_dtype(std::move(source));
-  if (stride.empty()) {
-    impl->set_sizes_contiguous(size);
-    impl->set_storage_offset(offset);
-  } else {
-    impl->set_sizes_and_strides(size, stride, offset);
+              "\" to a storage on different device \"", source.device(), "\".  This is no longer allowed; the "
+              "devices must match.");
+  c10::DeviceGuard guard(source.device().has_index() ? source.device() : self.device());
+  GeometryRestore before(self);
+  try {
+    at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
+  } catch (...) {
+    before.restore();
+    throw;
   }
-  // grow the storage if the new geometry needs more bytes than it holds
-  int64_t max_off = offset;
-  bool empty = false;
-  for (size_t i = 0; i < size.size(); ++i) {
-    if (size[i] == 0) empty = true;
-    max_off += (size[i] - 1) * (stride.empty() ? impl->strides()[i] : stride[i]);
-  }
-  const size_t need = empty ? 0 : static_cast<size_t>((max_off + 1) * self.element_size());
-  c10::StorageImpl* st = impl->storage().unsafeGetStorageImpl();
-  if (need > st->nbytes()) {
-    TORCH_CHECK(st->resizable(), "setStorage: sizes ", size, ", strides ", stride, " and offset ", offset,
-                " require ", need, " bytes, out of bounds for storage of size ", st->nbytes());
-    c10::DataPtr fresh = allocate_on(self.device().index(), need);
-    if (st->nbytes() > 0) std::memcpy(fresh.get(), st->data_ptr().get(), st->nbytes());
-    st->set_data_ptr_noswap(std::move(fresh));
-    st->set_nbytes(need);
-  }
+  prepare_storage_for_resize(self);
   return self;
 }
 
@@ -786,6 +896,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 }
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
+  check_not_in_bad_fork();
   const bool rec = recording();
   const int64_t t0 = rec ? now_ns() : 0;
   at::Scalar r = at::_local_scalar_dense(cpu_alias(self));
@@ -816,6 +927,27 @@ at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArr
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
 }
+
+// Sparse, sparse-compressed and quantized tensors on neuron: any op that would make or use one raises
+// the same NotImplementedError naming the limitation (torch.sparse_coo_tensor(..., device="neuron"),
+// torch.empty(..., layout=torch.sparse_csr, device="neuron"), quantized.to("neuron") ...).
+void unsupported_layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack*) {
+  const char* what = ks.has(c10::DispatchKey::QuantizedPrivateUse1) ? "quantized"
+                     : ks.has(c10::DispatchKey::SparseCsrPrivateUse1) ? "sparse compressed (CSR/CSC/BSR/BSC)"
+                                                                       : "sparse";
+  const auto& s = op.schema();
+  unsupported_layout_named(what, s.overload_name().empty() ? s.name() : s.name() + "." + s.overload_name());
+}
+TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
+}
+TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
+}
+
 
 // Copies handle the conjugate/negative bits themselves (the CPU copy on aliases resolves them), so the
 // math-bit fallbacks must not try to materialise first: that materialisation is itself a copy on the
@@ -851,6 +983,8 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
+  m.impl("_efficientzerotensor", efficientzerotensor);
+  m.impl("native_dropout", native_dropout);
   m.impl("as_strided", as_strided);
   m.impl("view", at::native::view);
   m.impl("view.dtype", at::native::view_dtype);
@@ -924,6 +1058,7 @@ struct HostCall::Impl {
 };
 
 HostCall::HostCall(int device) : impl_(new Impl()), device_(device) {
+  check_not_in_bad_fork();
   check_device_index(device);
   impl_->cs.device = device;
 }

@@ -56,6 +56,14 @@ struct RedirectGuard {
   int prev_;
 };
 void install_redirect_cpu_allocator();
+c10::Allocator* pinned_host_allocator();  // host memory pinned for neuron (pin_memory("neuron"))
+bool is_pinned_host_ptr(const void* ptr);
+// fork safety (pthread_atfork): no allocator lock is held across fork(); a child forked after the
+// device was initialised gets CUDA's "Cannot re-initialize ... in forked subprocess" error on use.
+void install_fork_handlers();
+bool in_bad_fork();
+void check_not_in_bad_fork();
+void init_devices();  // torch.neuron.init(): creates every device's allocator state
 
 // ---- generator.cpp ----
 const at::Generator& default_generator(int device);
@@ -141,6 +149,7 @@ void install_profiler_stubs();
 
 // ---- hooks.cpp / guard.cpp registration ----
 void install_hooks();
+void install_backend_meta_serialization();  // serialization.cpp
 int route_composites_to_fallback();
 
 }  // namespace tnl

@@ -10,6 +10,7 @@
 #include <IActivityProfiler.h>
 #include <output_base.h>
 #include <torch/csrc/profiler/standalone/privateuse1_profiler.h>
+#include <torch/csrc/profiler/stubs/base.h>
 
 #include <mutex>
 
@@ -126,6 +127,39 @@ class NeuronActivityProfiler final : public libkineto::IActivityProfiler {
       libkineto::ActivityType::PRIVATEUSE1_DRIVER};
 };
 
+// The legacy autograd profiler (torch.autograd.profiler.profile(use_device="neuron")) times each op on
+// the device through these stubs, as it does with CUDA events. Kernels run synchronously, so a device
+// event is a timestamp on the profiler's clock taken when the op starts/ends on the device.
+struct NeuronProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
+  void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
+              int64_t* cpu_ns) const override {
+    if (device != nullptr) *device = static_cast<c10::DeviceIndex>(current_device());
+    const int64_t t = c10::getTime();
+    if (event != nullptr) *event = std::shared_ptr<void>(new int64_t(t), [](void* p) { delete static_cast<int64_t*>(p); });
+    if (cpu_ns != nullptr) *cpu_ns = t;
+  }
+  float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* e1,
+                const torch::profiler::impl::ProfilerVoidEventStub* e2) const override {
+    if (e1 == nullptr || e2 == nullptr || !*e1 || !*e2) return 0.f;
+    const int64_t t1 = *static_cast<const int64_t*>(e1->get());
+    const int64_t t2 = *static_cast<const int64_t*>(e2->get());
+    return static_cast<float>(std::max<int64_t>(t2 - t1, 0)) / 1000.f;  // microseconds, as CUDA's stub
+  }
+  void mark(const char* /*name*/) const override {}
+  void rangePush(const char* /*name*/) const override {}
+  void rangePop() const override {}
+  bool enabled() const override { return true; }
+  void onEachDevice(std::function<void(int)> op) const override {
+    const int prev = current_device();
+    for (int d = 0; d < device_count(); ++d) {
+      set_current_device(d);
+      op(d);
+    }
+    set_current_device(prev);
+  }
+  void synchronize() const override {}
+};
+
 }  // namespace
 
 void kineto_capture(const EventRecord& ev) {
@@ -139,6 +173,8 @@ void install_profiler_stubs() {
   static bool done = false;
   if (done) return;
   done = true;
+  static NeuronProfilerStubs stubs;
+  torch::profiler::impl::registerPrivateUse1Methods(&stubs);
   torch::profiler::impl::PrivateUse1ProfilerRegistry::instance().registerFactory(
       []() -> std::unique_ptr<libkineto::IActivityProfiler> { return std::make_unique<NeuronActivityProfiler>(); });
 }

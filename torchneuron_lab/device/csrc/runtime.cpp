@@ -7,6 +7,7 @@
 #include "allocator.cpp"
 #include "generator.cpp"
 #include "hooks.cpp"
+#include "serialization.cpp"
 #include "recorder.cpp"
 #include "profiler.cpp"
 #include "bindings.cpp"
