@@ -252,7 +252,7 @@ def _check_timeline(page: Any, shot: Path) -> None:
     page.mouse.move(edge[0] - 40, edge[1] - 60)
     page.mouse.move(*edge, steps=4)
     page.wait_for_selector(".tnl-timeline .hoverlayer .hovertext", timeout=10_000)
-    hover = plot.locator(".hoverlayer .hovertext").first.inner_text()
+    hover = plot.locator(".hoverlayer .hovertext").first.text_content() or ""  # SVG: no innerText
     assert "duration:" in hover and "lane:" in hover, hover
 
     # click the bar at its end: the details panel shows that kernel and clips nothing
@@ -305,8 +305,15 @@ def _check_timeline(page: Any, shot: Path) -> None:
 
 
 def _check_memory_and_subgraphs(page: Any, memory_shot: Path, subgraph_shot: Path) -> None:
+    # pictures of whole widgets: a viewport taller than them, no plotly toast ("Double-click to zoom back out")
+    page.set_viewport_size({"width": 1600, "height": 2200})
+    page.add_style_tag(content=".plotly-notifier { display: none !important; }")
     memory = page.locator(".tnl-memory").first
-    memory.wait_for(timeout=120_000)
+    deadline = time.monotonic() + 120
+    while page.locator(".tnl-memory").count() == 0 and time.monotonic() < deadline:
+        page.mouse.wheel(0, 600)
+        page.wait_for_timeout(1000)
+    memory.wait_for(timeout=30_000)
     memory.scroll_into_view_if_needed()
     page.wait_for_selector(".tnl-memory .js-plotly-plot .main-svg", timeout=60_000)
     page.wait_for_function(
@@ -317,7 +324,13 @@ def _check_memory_and_subgraphs(page: Any, memory_shot: Path, subgraph_shot: Pat
     memory.screenshot(path=str(memory_shot))
 
     subgraphs = page.locator(".tnl-subgraphs").first
-    subgraphs.wait_for(timeout=240_000)
+    deadline = time.monotonic() + 240
+    while page.locator(".tnl-subgraphs").count() == 0 and time.monotonic() < deadline:
+        # JupyterLab renders only the cells near the view: scroll the notebook to its end
+        page.evaluate("() => document.querySelectorAll('.jp-WindowedPanel-outer, .jp-Notebook')"
+                      ".forEach(e => { e.scrollTop = e.scrollHeight; })")
+        page.wait_for_timeout(1000)
+    subgraphs.wait_for(timeout=30_000)
     subgraphs.scroll_into_view_if_needed()
     page.wait_for_timeout(1000)
     text = subgraphs.inner_text()
