@@ -1,10 +1,14 @@
-"""The timeline widget in a real browser: JupyterLab + headless Debian Chromium driven by Playwright.
+"""The widgets in a real browser: JupyterLab + headless Debian Chromium driven by Playwright.
 
-Starts ``jupyter lab`` on 127.0.0.1 with a random token in a temporary notebook directory, copies the
-bundled notebook ``notebooks/timeline_demo.ipynb`` there, opens it in headless Chromium
-(``/usr/bin/chromium``: no browser download, never ``playwright install``), runs all cells from the
-Run menu, waits for the Plotly timeline to render, checks the plot and the lane labels in the DOM,
-clicks a kernel and checks the details panel, and saves a screenshot to ``test-artifacts/``.
+Starts ``jupyter lab`` on 127.0.0.1 with a random token in a temporary notebook directory, writes there
+the bundled notebook ``notebooks/timeline_demo.ipynb`` plus two cells (a MemoryWidget over a recorded
+allocator history, and ``%neuron_subgraphs`` after a ``torch.compile`` with a graph break), opens it in
+headless Chromium (``/usr/bin/chromium``: no browser download, never ``playwright install``), runs all
+cells from the Run menu, and checks what a user sees: the timeline's lanes; hovering a bar near its END
+(not its middle) shows that kernel; clicking it fills the details panel without clipping a value; a
+drag-zoom narrows the x range and a double-click returns to the whole trace with the level of detail
+recomputed; the memory and subgraph widgets render. Screenshots of the three widgets go to
+``test-artifacts/`` (the README's pictures are taken from there).
 
 Outside CI the test skips when Chromium or Playwright is missing; with ``CI=true`` it fails instead.
 """
@@ -76,7 +80,68 @@ def _accept_kernel_dialog(page: Any) -> None:
     dialog.locator(".jp-Dialog-button.jp-mod-accept").click()
 
 
-def test_timeline_widget_in_jupyterlab(tmp_path: Path) -> None:
+MEMORY_CELL = """\
+from torchneuron_lab.widgets import MemoryWidget
+
+mem = torch.neuron.memory
+torch.neuron.synchronize()
+mem._record_memory_history("all", context="all")
+blocks = [torch.empty(n << 20, dtype=torch.uint8, device="neuron") for n in (1, 3, 2, 4)]
+del blocks[1]
+big = torch.empty(6 << 20, dtype=torch.uint8, device="neuron")
+small = [torch.randn(64, 64, device="neuron") for _ in range(3)]
+memory = MemoryWidget(mem._snapshot())
+mem._record_memory_history(None)
+memory"""
+
+SUBGRAPH_CELL = """\
+%load_ext torchneuron_lab
+
+
+def block(x, w):
+    h = torch.nn.functional.gelu(x @ w) * 2
+    if h.sum().item() > 0:  # .item() inside the function: a graph break
+        h = h + 1
+    return torch.softmax(h, dim=-1)
+
+
+compiled = torch.compile(block, backend="neuron")
+w = torch.randn(32, 32, device="neuron")
+out = compiled(torch.randn(16, 32, device="neuron"), w)
+%neuron_subgraphs"""
+
+
+def _demo_notebook(path: Path) -> None:
+    import nbformat
+
+    nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("## Memory and compiled subgraphs"))
+    nb.cells.append(nbformat.v4.new_code_cell(MEMORY_CELL))
+    nb.cells.append(nbformat.v4.new_code_cell(SUBGRAPH_CELL))
+    nbformat.write(nb, path)
+
+
+def _xaxis(page: Any) -> dict[str, Any]:
+    """The timeline's x range, autorange flag and the figure's meta, from plotly's own state."""
+    return page.evaluate(
+        """() => { const gd = document.querySelector('.tnl-timeline .js-plotly-plot');
+                   return {range: gd._fullLayout.xaxis.range.slice(), autorange: gd._fullLayout.xaxis.autorange,
+                           meta: gd.layout.meta}; }"""
+    )
+
+
+def _wait_for(page: Any, predicate: Any, what: str, timeout_s: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    state = _xaxis(page)
+    while time.monotonic() < deadline:
+        state = _xaxis(page)
+        if predicate(state):
+            return state
+        page.wait_for_timeout(250)
+    raise AssertionError(f"{what}: x axis stayed {state['range']} (meta {state['meta']})")
+
+
+def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
     _need(os.path.exists(CHROMIUM), f"{CHROMIUM} is missing (apt-get install -y chromium)")
     try:
         from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
@@ -87,7 +152,7 @@ def test_timeline_widget_in_jupyterlab(tmp_path: Path) -> None:
 
     workdir = tmp_path / "nb"
     workdir.mkdir()
-    shutil.copy(NOTEBOOK, workdir / "demo.ipynb")
+    _demo_notebook(workdir / "demo.ipynb")
     port, token = _free_port(), secrets.token_hex(16)
     env = dict(os.environ)
     for var, sub in (("JUPYTER_CONFIG_DIR", "config"), ("JUPYTER_RUNTIME_DIR", "runtime"),
@@ -105,7 +170,7 @@ def test_timeline_widget_in_jupyterlab(tmp_path: Path) -> None:
            f"--port={port}", f"--ServerApp.token={token}", f"--notebook-dir={workdir}",
            "--ServerApp.port_retries=0", "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "browser_timeline.png"
+    shots = {name: ARTIFACTS / f"browser_{name}.png" for name in ("timeline", "memory", "subgraphs")}
     with open(log, "wb") as log_fh:
         proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env, cwd=workdir)
     try:
@@ -116,6 +181,9 @@ def test_timeline_widget_in_jupyterlab(tmp_path: Path) -> None:
             try:
                 page = browser.new_page(viewport={"width": 1600, "height": 1000})
                 page.set_default_timeout(60_000)
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
+                page.on("console", lambda m: errors.append(f"console: {m.text[:1000]}") if m.type == "error" else None)
                 page.goto(f"{base}/lab/tree/demo.ipynb?token={token}", timeout=90_000)
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
                 # kernel up (python3 from the notebook's metadata: no kernel picker)
@@ -125,53 +193,21 @@ def test_timeline_widget_in_jupyterlab(tmp_path: Path) -> None:
                 page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
                 _accept_kernel_dialog(page)
                 try:
-                    page.wait_for_selector(".js-plotly-plot .main-svg", timeout=180_000)
-                    page.wait_for_selector(".js-plotly-plot .ytick text", timeout=60_000)
+                    page.wait_for_selector(".tnl-timeline .js-plotly-plot .main-svg", timeout=180_000)
+                    # the lane labels, not the transient empty axes plotly draws before the data
+                    page.wait_for_function(
+                        "() => [...document.querySelectorAll('.tnl-timeline .js-plotly-plot .ytick text')]"
+                        ".some(t => t.textContent === 'host')", timeout=120_000)
                 except PlaywrightTimeoutError:
-                    page.screenshot(path=str(ARTIFACTS / "browser_timeline_failed.png"), full_page=True)
+                    page.screenshot(path=str(ARTIFACTS / "browser_failed.png"), full_page=True)
                     raise
                 page.wait_for_timeout(1500)  # let the first paint settle
-
-                plot = page.locator(".js-plotly-plot").first
-                assert plot.locator("svg.main-svg").count() >= 1
-                lanes = page.locator(".js-plotly-plot .ytick text").all_text_contents()
-                assert "neuron:0 · tensor" in lanes, lanes
-                assert "host" in lanes, lanes
-                summary = page.locator(".tnl-summary").inner_text()
-                assert "events over" in summary and "syncs" in summary, summary
-
-                # click a kernel: the middle of an 'aten::mm'-carrying hover marker in the main plot area
-                drag = page.locator(".js-plotly-plot .nsewdrag").first.bounding_box()
-                assert drag is not None
-                points = page.locator(".js-plotly-plot .cartesianlayer .scatterlayer path.point")
-                target = None
-                for i in range(points.count()):
-                    box = points.nth(i).bounding_box()
-                    if box is None:
-                        continue
-                    cx, cy = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
-                    if drag["x"] < cx < drag["x"] + drag["width"] and drag["y"] < cy < drag["y"] + drag["height"]:
-                        target = (cx, cy)
-                        break
-                assert target is not None, "no kernel marker inside the plot area"
-                details = page.locator(".tnl-details").first
-                for _ in range(3):
-                    page.mouse.move(target[0] - 3, target[1])
-                    page.mouse.move(*target)
-                    page.wait_for_timeout(300)
-                    page.mouse.click(*target)
-                    try:
-                        page.wait_for_function(
-                            "() => (document.querySelector('.tnl-details')?.innerText || '').includes('neighbours')",
-                            timeout=10_000,
-                        )
-                        break
-                    except PlaywrightTimeoutError:
-                        continue  # the click fell between points or before the comm was up: retry
-                text = details.inner_text()
-                page.screenshot(path=str(shot), full_page=True)
-                assert "neighbours in the lane" in text, text
-                assert "duration" in text and "source" in text, text
+                _check_timeline(page, shots["timeline"])
+                _check_memory_and_subgraphs(page, shots["memory"], shots["subgraphs"])
+            except BaseException:
+                page.screenshot(path=str(ARTIFACTS / "browser_failed.png"), full_page=True)
+                print("browser errors:", *errors, sep="\n")
+                raise
             finally:
                 browser.close()
     finally:
@@ -181,4 +217,123 @@ def test_timeline_widget_in_jupyterlab(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-    assert shot.exists() and shot.stat().st_size > 10_000
+    for shot in shots.values():
+        assert shot.exists() and shot.stat().st_size > 10_000, shot
+
+
+def _check_timeline(page: Any, shot: Path) -> None:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    timeline = page.locator(".tnl-timeline").first
+    plot = timeline.locator(".js-plotly-plot").first
+    assert plot.locator("svg.main-svg").count() >= 1
+    lanes = plot.locator(".ytick text").all_text_contents()
+    assert "neuron:0 · tensor" in lanes, lanes
+    assert "host" in lanes, lanes
+    summary = page.locator(".tnl-summary").inner_text()
+    assert "events over" in summary and "every lane idle" in summary, summary
+    assert "time per engine" not in summary, summary  # the magic's tables say that; the bar does not repeat it
+
+    # the widest kernel bar inside the plot area: hover near its END, far from its middle
+    drag = plot.locator(".nsewdrag").first.bounding_box()
+    assert drag is not None
+    bars = plot.locator(".cartesianlayer .barlayer path")
+    best = None
+    for i in range(bars.count()):
+        box = bars.nth(i).bounding_box()
+        if box is None or box["width"] < 1:
+            continue
+        inside = drag["x"] <= box["x"] and box["x"] + box["width"] <= drag["x"] + drag["width"]
+        if inside and (best is None or box["width"] > best["width"]):
+            best = box
+    assert best is not None, "no kernel bar inside the plot area"
+    assert best["width"] >= 30, f"the widest bar is {best['width']:.0f} px: nothing to test the edge of"
+    edge = (best["x"] + best["width"] - 3, best["y"] + best["height"] / 2)
+    page.mouse.move(edge[0] - 40, edge[1] - 60)
+    page.mouse.move(*edge, steps=4)
+    page.wait_for_selector(".tnl-timeline .hoverlayer .hovertext", timeout=10_000)
+    hover = plot.locator(".hoverlayer .hovertext").first.text_content() or ""  # SVG: no innerText
+    assert "duration:" in hover and "lane:" in hover, hover
+
+    # click the bar at its end: the details panel shows that kernel and clips nothing
+    details = page.locator(".tnl-details").first
+    for _ in range(3):
+        page.mouse.click(*edge)
+        try:
+            page.wait_for_function(
+                "() => (document.querySelector('.tnl-details')?.innerText || '').includes('neighbours')",
+                timeout=10_000,
+            )
+            break
+        except PlaywrightTimeoutError:
+            page.mouse.move(edge[0] - 2, edge[1])
+            continue  # the comm was not up yet: retry
+    text = details.inner_text()
+    assert "neighbours in the lane" in text, text
+    assert "duration" in text and "source" in text and " written" in text, text
+    clipped = page.evaluate(
+        """() => { const panel = document.querySelector('.tnl-details');
+                   const right = panel.getBoundingClientRect().right + 0.5;
+                   return [...panel.querySelectorAll('td, th')]
+                     .filter(c => c.scrollWidth > c.clientWidth + 1 || c.getBoundingClientRect().right > right)
+                     .map(c => c.innerText); }"""
+    )
+    assert clipped == [], clipped
+    page.mouse.move(drag["x"] + 5, drag["y"] + drag["height"] + 60)  # hover off: a clean picture
+    page.wait_for_timeout(500)
+    timeline.screenshot(path=str(shot))
+
+    # drag-zoom into the middle of the plot, then double-click: back to the whole trace, re-aggregated
+    full = _xaxis(page)
+    x_end = float(full["meta"]["x_end"])
+    assert full["range"][0] <= 0 and full["range"][1] >= x_end, full
+    y = drag["y"] + drag["height"] * 0.5
+    page.mouse.move(drag["x"] + drag["width"] * 0.30, y)
+    page.mouse.down()
+    page.mouse.move(drag["x"] + drag["width"] * 0.45, y, steps=8)
+    page.mouse.up()
+    zoomed = _wait_for(page, lambda s: s["range"][1] - s["range"][0] < 0.5 * (full["range"][1] - full["range"][0]),
+                       "drag-zoom did not narrow the view")
+    assert zoomed["range"][0] > 0 and zoomed["range"][1] < x_end
+    page.wait_for_timeout(1500)  # the kernel redraws the window's level of detail
+    page.mouse.dblclick(drag["x"] + drag["width"] * 0.5, y)
+    back = _wait_for(page, lambda s: s["range"][0] <= 0 and s["range"][1] >= x_end, "double-click did not zoom out")
+    # the level of detail is the whole trace's again (the kernel redraws it)
+    _wait_for(page, lambda s: s["meta"]["num_boxes"] == full["meta"]["num_boxes"]
+              and s["meta"]["merged"] == full["meta"]["merged"], "zoom-out did not re-aggregate")
+    assert back["range"][1] - back["range"][0] >= x_end
+
+
+def _check_memory_and_subgraphs(page: Any, memory_shot: Path, subgraph_shot: Path) -> None:
+    # pictures of whole widgets: a viewport taller than them, no plotly toast ("Double-click to zoom back out")
+    page.set_viewport_size({"width": 1600, "height": 2200})
+    page.add_style_tag(content=".plotly-notifier { display: none !important; }")
+    memory = page.locator(".tnl-memory").first
+    deadline = time.monotonic() + 120
+    while page.locator(".tnl-memory").count() == 0 and time.monotonic() < deadline:
+        page.mouse.wheel(0, 600)
+        page.wait_for_timeout(1000)
+    memory.wait_for(timeout=30_000)
+    memory.scroll_into_view_if_needed()
+    page.wait_for_selector(".tnl-memory .js-plotly-plot .main-svg", timeout=60_000)
+    page.wait_for_function(
+        "() => document.querySelectorAll('.tnl-memory .js-plotly-plot .barlayer path').length >= 3", timeout=60_000)
+    page.wait_for_timeout(1000)
+    text = memory.inner_text()
+    assert "peak allocated" in text and "top live allocations" in text, text
+    memory.screenshot(path=str(memory_shot))
+
+    subgraphs = page.locator(".tnl-subgraphs").first
+    deadline = time.monotonic() + 240
+    while page.locator(".tnl-subgraphs").count() == 0 and time.monotonic() < deadline:
+        # JupyterLab renders only the cells near the view: scroll the notebook to its end
+        page.evaluate("() => document.querySelectorAll('.jp-WindowedPanel-outer, .jp-Notebook')"
+                      ".forEach(e => { e.scrollTop = e.scrollHeight; })")
+        page.wait_for_timeout(1000)
+    subgraphs.wait_for(timeout=30_000)
+    subgraphs.scroll_into_view_if_needed()
+    page.wait_for_timeout(1000)
+    text = subgraphs.inner_text()
+    assert "compiled subgraphs" in text and "graph breaks" in text and "def forward" in text, text
+    assert "item" in text.split("graph breaks", 1)[1], text
+    subgraphs.screenshot(path=str(subgraph_shot))

@@ -910,7 +910,8 @@ def memory_figure(
             fig.add_trace(go.Scatter(
                 x=[x[i]], y=[tl["peak_allocated"] * mib], mode="markers+text", name=f"neuron:{d} peak",
                 marker={"symbol": "triangle-down", "size": 12, "color": "#d62728"},
-                text=[f"peak {_fmt_bytes(tl['peak_allocated'])}"], textposition="top center",
+                text=[f"peak {_fmt_bytes(tl['peak_allocated'])}"], cliponaxis=False,
+                textposition="top left" if i > len(x) // 2 else "top right",
                 hovertemplate=f"peak allocated on neuron:{d}: {_fmt_bytes(tl['peak_allocated'])}<extra></extra>",
             ))
         if tl["ooms"]:

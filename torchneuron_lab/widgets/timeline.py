@@ -327,6 +327,7 @@ class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.show_moment(self.slider.value if n else None)
         super().__init__([W.HTML(self._summary_html()), self.history, self.slider, self.moment,
                           self.segments, self.top_html])
+        self.add_class("tnl-memory")
 
     def static_html(self) -> str:
         """Summary, allocator history, block map and top allocations now, as static HTML."""
@@ -397,6 +398,7 @@ class SubgraphWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self._breaks_html = "<b>graph breaks</b>" + _table(
             [{k: r[k] for k in ("reason", "location", "function", "count")} for r in self.breaks])
         super().__init__([W.HTML(self._rows_html), self.picker, self.detail, W.HTML(self._breaks_html)])
+        self.add_class("tnl-subgraphs")
 
     def static_html(self) -> str:
         """The tables, the picked subgraph's code, kernels and guards, as static HTML."""
