@@ -18,7 +18,8 @@ BENCH = ROOT / "benchmarks"
 RATIO = r"^RATIO {key} neuron/cpu = \d+\.\d{{3}}x"
 BAR = r"  \[bar <= \d\.\d\dx: (PASS|FAIL)\]$"
 
-COMPILE_CASES = ["compile.mlp_sgd_step", "compile.encoder_fwd", "compile.encoder_fwd_nofastpath"]
+COMPILE_CASES = ["compile.mlp_sgd_step", "compile.encoder_fwd", "compile.encoder_fwd_nofastpath",
+                 "compile.gelu_ln_fwd_bwd", "compile.elementwise_chain"]
 
 EXPECTED: dict[str, list[str]] = {
     "bench_eager_ops.py": [
@@ -48,7 +49,7 @@ EXPECTED: dict[str, list[str]] = {
         ),
         *(
             rf"^RATIO {re.escape(key)}\.speedup neuron/inductor-cpu = \d+\.\d{{3}}x"
-            r"  \[speedup bar >= 0\.90x: (PASS|FAIL)\]$"
+            r"  \[speedup bar >= 0\.95x: (PASS|FAIL)\]$"
             for key in COMPILE_CASES
         ),
         *(
@@ -56,7 +57,7 @@ EXPECTED: dict[str, list[str]] = {
             r"  \[compile time bar <= 1\.20x: (PASS|FAIL)\]$"
             for key in COMPILE_CASES
         ),
-        r"^BARS \d/6 pass",
+        r"^BARS \d+/10 pass",
     ],
     "bench_profile_cost.py": [
         r"^READ read\.per_event\.with_stack = \d+\.\d{3} us/event",
@@ -97,8 +98,10 @@ def test_benchmark_quick_run(script: str, tmp_path: Path) -> None:
     assert doc["quick"] is True
     assert doc["threads"] >= 1
     ratio_keys = {m.group(1) for m in re.finditer(r"^RATIO (\S+) ", proc.stdout, re.MULTILINE)}
-    assert ratio_keys and ratio_keys == set(doc["ratios"])
-    assert all(v > 0 for v in doc["ratios"].values())
+    assert ratio_keys
+    if script != "bench_profile_cost.py":  # that script prints its step ratios itself (not via Report)
+        assert ratio_keys == set(doc["ratios"])
+        assert all(v > 0 for v in doc["ratios"].values())
     if script == "bench_compile.py":  # the compiled code computed what eager did, on both sides
         for key in COMPILE_CASES:
             diffs = doc["cases"][key]["compiled_vs_eager_max_rel_diff"]
