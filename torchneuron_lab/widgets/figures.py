@@ -693,11 +693,11 @@ def timeline_figure(
     xw0, xw1 = ax.x([t0w, t1w]).tolist()
     axis_ns = max((xw1 - xw0) * 1e3, 1e-9)
     scale = max((t1w - t0w) / axis_ns, 1e-9)
-    lod = lod_aggregate(cols, t0w, t1w, max(1, int(round(pixels * scale))), mask=box_mask)
+    lod = lod_aggregate(cols, t0w, t1w, max(1, round(pixels * scale)), mask=box_mask)
     px = pixels
     while lod.num_boxes > max_boxes and px > 1:
         px = max(1, int(px * max_boxes / lod.num_boxes * 0.9))
-        lod = lod_aggregate(cols, t0w, t1w, max(1, int(round(px * scale))), mask=box_mask)
+        lod = lod_aggregate(cols, t0w, t1w, max(1, round(px * scale)), mask=box_mask)
     nlanes = len(cols.lanes)
     min_w = MIN_BAR_PX * (xw1 - xw0) / max(pixels, 1)
 
