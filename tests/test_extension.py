@@ -399,8 +399,10 @@ def test_memory_and_subgraph_widgets(ip: Any) -> None:
     assert isinstance(sw, SubgraphWidget) and [r["id"] for r in sw.rows] == [gid]
     assert "aten" in sw.detail.value or "mul" in sw.detail.value
     with capture_output() as cap:
-        magic(ip, "neuron_subgraphs --widget")  # the list: tables only
-    assert not any(WIDGET_MIME in b for b in _bundles(cap))
+        lst = magic(ip, "neuron_subgraphs -o --widget")  # the list: every graph plus the graph breaks
+    bundles = _bundles(cap)
+    assert WIDGET_MIME in bundles[-1] and bundles[-1]["text/plain"].startswith("SubgraphWidget:")
+    assert [r["id"] for r in lst.widget().rows] == [r["id"] for r in lst.records]
 
 
 def test_widget_flags_bad_input(ip: Any) -> None:

@@ -198,7 +198,7 @@ class NeuronMagics(Magics):
         except helpers.LabInputError as e:
             raise _usage(self.neuron_subgraphs, str(e)) from None
         out = _show(res, args)
-        if wants and res.detail is not None:
+        if wants and (res.detail is not None or res.records):
             self._show_widget(self.neuron_subgraphs, args, res.widget)
         return out
 
