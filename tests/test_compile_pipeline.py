@@ -293,6 +293,7 @@ def test_compiled_code_on_a_missing_device_raises_eagers_error() -> None:
     for _ in range(2):  # every call, not only the first
         with pytest.raises(type(eager.value)) as compiled:
             fn()
-        # eager's message (Dynamo may append its TORCHDYNAMO_VERBOSE hint on the call that compiled)
-        assert str(compiled.value).splitlines()[0] == str(eager.value)
+        # eager's message (Dynamo may prefix "backend='neuron' raised:" or append its TORCHDYNAMO_VERBOSE
+        # hint on the call that compiled, depending on what compiled before in the process)
+        assert str(eager.value) in str(compiled.value)
     assert "invalid neuron device index 7" in str(eager.value)
