@@ -249,9 +249,7 @@ def lib() -> ModuleType:
                 if not _verified(build_dir):  # nobody built it while we waited
                     _build(build_dir)
                     built = True
-        if "torch" not in sys.modules:  # pragma: no cover - the core links against libtorch
-            import torch  # noqa: F401
-        module = sys.modules.get(_NAME) or _import_library(build_dir)
+        module = sys.modules.get(_NAME) or _import_library(build_dir)  # (_source_hash imported torch)
         sys.modules.setdefault(_NAME, module)
         _lib = module
         seconds = time.perf_counter() - t0

@@ -71,8 +71,8 @@ def attribute(trace: Any, spans: list[tuple[int, int, str]]) -> int:
     (``"cell [3], line 7 (backward)"``); returns how many events were attributed."""
     if not spans:
         return 0
-    cols = trace.columns
-    if cols is None or "events" not in trace.__dict__ or not hasattr(trace.__dict__["events"], "cols"):
+    cols = trace.columns if not isinstance(trace.__dict__.get("events"), list) else None
+    if cols is None:  # events already built (or a trace made from events): replace those objects
         import dataclasses
 
         count, out = 0, []
