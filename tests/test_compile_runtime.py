@@ -207,3 +207,41 @@ def test_recompiles_and_guards_are_captured_whatever_the_logging_configuration(k
     for rec, size in zip(recs, (8, 16)):
         (tm,) = [g for g in rec.guards if g.startswith("TENSOR_MATCH")]
         assert f"size=[{size}]" in tm and "PrivateUse1" in tm
+
+
+# ---------------------------------------------------------------------------------------------------
+# compiled random ops draw from the neuron generator
+
+
+def _dropped(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x, p=0.5, training=True)
+
+
+def test_neuron_manual_seed_controls_compiled_dropout_and_leaves_the_cpu_stream_alone() -> None:
+    x = torch.ones(64, 64)
+    fn = torch.compile(_dropped, backend="neuron", fullgraph=True)
+
+    def run(seed: int, cpu_seed: int, device: str = "neuron:0") -> torch.Tensor:
+        torch.manual_seed(cpu_seed)  # seeds the CPU and every neuron generator ...
+        torch.neuron.default_generators[torch.device(device).index].manual_seed(seed)  # ... then this one
+        cpu_state = torch.random.get_rng_state()
+        out = fn(x.to(device))
+        assert out.device == torch.device(device)
+        assert torch.equal(torch.random.get_rng_state(), cpu_state)  # the CPU stream did not move
+        return out.cpu()
+
+    a = run(7, 123)
+    assert set(a.unique().tolist()) == {0.0, 2.0} and 0.4 < float((a == 0).float().mean()) < 0.6
+    assert torch.equal(run(7, 999), a)  # the neuron seed decides, not the CPU's
+    assert not torch.equal(run(8, 123), a)
+    assert torch.equal(run(7, 5, "neuron:1"), a)  # a graph on neuron:1 draws from neuron:1's generator
+    # the neuron generator is the CPU's algorithm (mt19937): Inductor-CPU seeded alike draws the same
+    # mask, and successive calls advance the neuron generator as Inductor-CPU's advance the CPU one
+    ind = torch.compile(_dropped, backend="inductor", fullgraph=True)
+    torch.manual_seed(7)
+    ref = [ind(x), ind(x)]
+    torch.neuron.manual_seed(7)
+    s0 = torch.neuron.get_rng_state()
+    got = [fn(x.to("neuron")).cpu(), fn(x.to("neuron")).cpu()]
+    assert not torch.equal(torch.neuron.get_rng_state(), s0)
+    assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]) and not torch.equal(got[0], got[1])

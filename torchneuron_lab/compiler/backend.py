@@ -395,6 +395,39 @@ def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
     return res
 
 
+def _draws_random(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph has an op that draws from a generator (``torch.Tag.nondeterministic_seeded``:
+    Inductor's ``inductor_seeds``, ``randperm``, ``bernoulli``, ...)."""
+    for node in gm.graph.nodes:
+        tags = getattr(node.target, "tags", ()) if node.op == "call_function" else ()
+        if torch.Tag.nondeterministic_seeded in tags:
+            return True
+    return False
+
+
+class _DeviceRandom:
+    """Runs host code with the CPU default generator standing in for neuron:d's generator.
+
+    A graph retargeted to the CPU draws its random numbers (Inductor's seeds, random fallbacks) from
+    the CPU default generator. Around a neuron graph call, that generator takes the state of neuron:d's
+    generator (the mt19937 engine it drives, the CPU's algorithm) and gives it back afterwards, so
+    ``torch.neuron.manual_seed`` controls compiled random ops on neuron and the CPU stream is left
+    as it was, as ``torch.cuda.manual_seed`` does for CUDA graphs.
+    """
+
+    def __init__(self, device: int) -> None:
+        self.engine = lib().generator_engine(device)
+        self.cpu = torch.default_generator
+
+    def __enter__(self) -> None:
+        self.saved = self.cpu.get_state()
+        self.cpu.set_state(self.engine.get_state())
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.set_state(self.cpu.get_state())
+        self.cpu.set_state(self.saved)
+
+
 def _input_signature(example_inputs: Sequence[Any]) -> list[dict[str, Any]]:
     sig: list[dict[str, Any]] = []
     for t in example_inputs:
@@ -500,6 +533,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     compiled = compile_fx_inner(gm, cpu_inputs, **kwargs)
     hits = counters["inductor"]["fxgraph_cache_hit"] - hits0
     kernels, fallbacks, timing = _instrument(compiled)
+    seeded = _draws_random(gm)
     lowering_ms = (time.perf_counter() - t0) * 1e3
     ctx["lowering_s"] = ctx.get("lowering_s", 0.0) + lowering_ms / 1e3
     rid = registry._new_id()
@@ -535,7 +569,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     cpu_outs = [i for i, d in enumerate(out_devices) if d is not None and d.type == "cpu"]
     moved = [(i, d) for i, d in enumerate(out_devices) if d is not None and d.type == DEVICE_TYPE
              and d != here]
-    return _NeuronCode(compiled, rec, device, bad_devices, cpu_outs, moved, timing)
+    return _NeuronCode(compiled, rec, device, bad_devices, cpu_outs, moved, timing, seeded)
 
 
 class _NeuronCode:
@@ -550,7 +584,8 @@ class _NeuronCode:
     _boxed_call = True
 
     def __init__(self, compiled: Any, rec: SubgraphRecord, device: int, bad_devices: list[int],
-                 cpu_outs: list[int], moved: list[tuple[int, torch.device]], timing: _Timing | None = None) -> None:
+                 cpu_outs: list[int], moved: list[tuple[int, torch.device]], timing: _Timing | None = None,
+                 seeded: bool = False) -> None:
         self._boxed_call = True  # in __dict__ too: AOTAutograd's functools.wraps copies only that
         self.compiled = compiled
         self.rec = rec
@@ -562,6 +597,7 @@ class _NeuronCode:
         C = lib()
         self._recording = C.recorder_enabled
         self.plan = C.HostPlan(device)  # keeps the inputs' CPU aliases between calls
+        self.random = _DeviceRandom(device) if seeded else None
         self._tag = (rec.id, device)
 
     def __getattr__(self, name: str) -> Any:  # anything else AOTAutograd reads (e.g. post_compile)
@@ -575,6 +611,12 @@ class _NeuronCode:
         on = self._recording()
         if self.timing is not None:
             self.timing.set(on)
+        if self.random is not None:
+            with self.random:
+                return self._run(args, on)
+        return self._run(args, on)
+
+    def _run(self, args: list[Any], on: bool) -> Any:
         if on or self.cpu_outs:
             prev = getattr(_state, "run", None)
             _state.run = self._tag
