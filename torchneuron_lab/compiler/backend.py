@@ -85,17 +85,13 @@ def _mm_flops(name: str, args: Sequence[Any]) -> int:
     return 0
 
 
-def _current_run() -> tuple[int, int] | None:
-    return getattr(_state, "run", None)
-
-
 def _timed_kernel(fn: Callable[..., Any], name: str, aten_ops: list[str], const_mask: list[bool]) -> Callable[..., Any]:
     engine = _engine_for(aten_ops)
     C = lib()
 
     @functools.wraps(fn)
     def kernel(*args: Any) -> Any:
-        run = _current_run()
+        run = getattr(_state, "run", None)
         if run is None or not C.recorder_enabled():
             return fn(*args)
         t0 = C.now_ns()
@@ -116,7 +112,10 @@ def _timed_kernel(fn: Callable[..., Any], name: str, aten_ops: list[str], const_
 
 
 class _ExternKernels:
-    """Stands in for Inductor's ``extern_kernels`` module in a compiled wrapper: times each call."""
+    """Stands in for Inductor's ``extern_kernels`` module in a compiled wrapper: times each call.
+
+    One timed function per kernel name, made on first use and kept as an attribute (later lookups do
+    not reach ``__getattr__``)."""
 
     _tnl_wrapped = True
 
@@ -129,9 +128,10 @@ class _ExternKernels:
             return target
         C = lib()
         engine = "tensor" if name in _TENSOR_OPS else _engine_for([name])
+        label = f"extern: aten::{name}"
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            run = _current_run()
+            run = getattr(_state, "run", None)
             if run is None or not C.recorder_enabled():
                 return target(*args, **kwargs)
             t0 = C.now_ns()
@@ -139,33 +139,36 @@ class _ExternKernels:
             t1 = C.now_ns()
             read = sum(_nbytes(a) for a in args)
             written = _nbytes(kwargs.get("out"))
-            C.recorder_push("kernel", f"extern: aten::{name}", run[1], engine, t0, t1, read, written,
-                            _mm_flops(name, args), run[0], "")
+            C.recorder_push("kernel", label, run[1], engine, t0, t1, read, written, _mm_flops(name, args), run[0], "")
             return out
 
+        setattr(self, name, call)
         return call
 
 
 class _TimedOverload:
     def __init__(self, op: Any, name: str) -> None:
         self._op, self._name = op, name
+        self._engine = _engine_for([name])
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         C = lib()
-        run = _current_run()
+        run = getattr(_state, "run", None)
         if run is None or not C.recorder_enabled():
             return self._op(*args, **kwargs)
         t0 = C.now_ns()
         out = self._op(*args, **kwargs)
         t1 = C.now_ns()
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        C.recorder_push("kernel", self._name, run[1], _engine_for([self._name]), t0, t1,
+        C.recorder_push("kernel", self._name, run[1], self._engine, t0, t1,
                         sum(_nbytes(a) for a in args), sum(_nbytes(o) for o in outs), 0, run[0], "")
         return out
 
 
 class _Ns:
-    """Attribute proxy: ``torch`` -> ``torch.ops`` -> ``torch.ops.aten`` -> packet -> timed overload."""
+    """Attribute proxy: ``torch`` -> ``torch.ops`` -> ``torch.ops.aten`` -> packet -> timed overload.
+
+    Each attribute is resolved once and kept on the proxy (the wrapper reads the same names per call)."""
 
     _tnl_wrapped = True
 
@@ -177,11 +180,15 @@ class _Ns:
         path = f"{self._path}.{name}" if self._path else name
         parts = path.split(".")
         if parts[0] != "ops":
-            return target
-        if len(parts) == 4 and parts[1] == "aten":  # ops.aten.<op>.<overload>
+            res = target
+        elif len(parts) == 4 and parts[1] == "aten":  # ops.aten.<op>.<overload>
             label = f"aten::{parts[2]}.{parts[3]}"
-            return _TimedOverload(target, label) if label in self._wanted else target
-        return _Ns(target, path, self._wanted)
+            res = _TimedOverload(target, label) if label in self._wanted else target
+        else:
+            res = _Ns(target, path, self._wanted)
+        if not name.startswith("__"):
+            setattr(self, name, res)
+        return res
 
 
 def _TorchWithTimedFallbacks(torch_mod: Any, wanted: set[str]) -> Any:
@@ -264,24 +271,52 @@ def _kernels_from_source(src: str) -> tuple[list[dict[str, Any]], list[str], dic
     return kernels, sorted(set(fallbacks)), masks
 
 
-def _instrument(compiled: Any) -> tuple[list[dict[str, Any]], list[str]]:
+class _Timing:
+    """The timed stand-ins of one compiled wrapper module's kernels, in its globals only while recording.
+
+    Inductor's generated ``call`` reads its kernels (``cpp_fused_*``, ``extern_kernels``, ``torch`` for
+    ATen fallbacks) from the module's globals on every call. While the recorder is off the module runs
+    with its own objects (no wrapper in the way); a graph call that finds the recorder on swaps the
+    timed stand-ins in (and back when it finds it off). Modules are shared by every graph with the same
+    code (Inductor's code cache), so the stand-ins pass through untimed outside a neuron graph call.
+    """
+
+    def __init__(self, gl: dict[str, Any], timed: dict[str, Any]) -> None:
+        self.gl = gl
+        self.raw = {k: gl[k] for k in timed}
+        self.timed = timed
+        self.on = False
+
+    def set(self, on: bool) -> None:
+        if on != self.on:
+            self.gl.update(self.timed if on else self.raw)
+            self.on = on
+
+
+def _instrument(compiled: Any) -> tuple[list[dict[str, Any]], list[str], _Timing | None]:
     src = getattr(compiled, "source_code", None) or ""
     kernels, fallbacks, masks = _kernels_from_source(src)
     call = getattr(compiled, "current_callable", None)
     gl = getattr(call, "__globals__", None)
     if gl is None:
-        return kernels, fallbacks
+        return kernels, fallbacks, None
+    timing = gl.get("_tnl_timing")
+    if isinstance(timing, _Timing):  # the same module compiled for another graph
+        return kernels, fallbacks, timing
     origins = {k["name"]: k["aten_ops"] for k in kernels}
+    timed: dict[str, Any] = {}
     for name in list(gl):
         if name.startswith("cpp_fused_") and callable(gl[name]) and not getattr(gl[name], "_tnl_wrapped", False):
-            gl[name] = _timed_kernel(gl[name], name, origins.get(name, []), masks.get(name, []))
+            timed[name] = _timed_kernel(gl[name], name, origins.get(name, []), masks.get(name, []))
     fallback_ops = {k["name"] for k in kernels if k["kind"] == "aten-fallback"}
-    if fallback_ops and not getattr(gl.get("torch"), "_tnl_wrapped", False):
-        gl["torch"] = _TorchWithTimedFallbacks(gl["torch"], fallback_ops)
+    if fallback_ops and "torch" in gl and not getattr(gl["torch"], "_tnl_wrapped", False):
+        timed["torch"] = _TorchWithTimedFallbacks(gl["torch"], fallback_ops)
     ek = gl.get("extern_kernels")
     if ek is not None and not getattr(ek, "_tnl_wrapped", False):
-        gl["extern_kernels"] = _ExternKernels(ek)
-    return kernels, fallbacks
+        timed["extern_kernels"] = _ExternKernels(ek)
+    timing = _Timing(gl, timed)
+    gl["_tnl_timing"] = timing
+    return kernels, fallbacks, timing
 
 
 def _cpu_device(a: Any) -> Any:
@@ -358,6 +393,39 @@ def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
         v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
         res.append(v.device if isinstance(v, torch.Tensor) else None)
     return res
+
+
+def _draws_random(gm: torch.fx.GraphModule) -> bool:
+    """Whether the graph has an op that draws from a generator (``torch.Tag.nondeterministic_seeded``:
+    Inductor's ``inductor_seeds``, ``randperm``, ``bernoulli``, ...)."""
+    for node in gm.graph.nodes:
+        tags = getattr(node.target, "tags", ()) if node.op == "call_function" else ()
+        if torch.Tag.nondeterministic_seeded in tags:
+            return True
+    return False
+
+
+class _DeviceRandom:
+    """Runs host code with the CPU default generator standing in for neuron:d's generator.
+
+    A graph retargeted to the CPU draws its random numbers (Inductor's seeds, random fallbacks) from
+    the CPU default generator. Around a neuron graph call, that generator takes the state of neuron:d's
+    generator (the mt19937 engine it drives, the CPU's algorithm) and gives it back afterwards, so
+    ``torch.neuron.manual_seed`` controls compiled random ops on neuron and the CPU stream is left
+    as it was, as ``torch.cuda.manual_seed`` does for CUDA graphs.
+    """
+
+    def __init__(self, device: int) -> None:
+        self.engine = lib().generator_engine(device)
+        self.cpu = torch.default_generator
+
+    def __enter__(self) -> None:
+        self.saved = self.cpu.get_state()
+        self.cpu.set_state(self.engine.get_state())
+
+    def __exit__(self, *exc: object) -> None:
+        self.engine.set_state(self.cpu.get_state())
+        self.cpu.set_state(self.saved)
 
 
 def _input_signature(example_inputs: Sequence[Any]) -> list[dict[str, Any]]:
@@ -464,7 +532,8 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     hits0 = counters["inductor"]["fxgraph_cache_hit"]
     compiled = compile_fx_inner(gm, cpu_inputs, **kwargs)
     hits = counters["inductor"]["fxgraph_cache_hit"] - hits0
-    kernels, fallbacks = _instrument(compiled)
+    kernels, fallbacks, timing = _instrument(compiled)
+    seeded = _draws_random(gm)
     lowering_ms = (time.perf_counter() - t0) * 1e3
     ctx["lowering_s"] = ctx.get("lowering_s", 0.0) + lowering_ms / 1e3
     rid = registry._new_id()
@@ -500,7 +569,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     cpu_outs = [i for i, d in enumerate(out_devices) if d is not None and d.type == "cpu"]
     moved = [(i, d) for i, d in enumerate(out_devices) if d is not None and d.type == DEVICE_TYPE
              and d != here]
-    return _NeuronCode(compiled, rec, device, bad_devices, cpu_outs, moved)
+    return _NeuronCode(compiled, rec, device, bad_devices, cpu_outs, moved, timing, seeded)
 
 
 class _NeuronCode:
@@ -515,7 +584,8 @@ class _NeuronCode:
     _boxed_call = True
 
     def __init__(self, compiled: Any, rec: SubgraphRecord, device: int, bad_devices: list[int],
-                 cpu_outs: list[int], moved: list[tuple[int, torch.device]]) -> None:
+                 cpu_outs: list[int], moved: list[tuple[int, torch.device]], timing: _Timing | None = None,
+                 seeded: bool = False) -> None:
         self._boxed_call = True  # in __dict__ too: AOTAutograd's functools.wraps copies only that
         self.compiled = compiled
         self.rec = rec
@@ -523,7 +593,11 @@ class _NeuronCode:
         self.bad_devices = bad_devices
         self.cpu_outs = cpu_outs
         self.moved = moved
-        self._run_on_host = lib().run_on_host
+        self.timing = timing
+        C = lib()
+        self._recording = C.recorder_enabled
+        self.plan = C.HostPlan(device)  # keeps the inputs' CPU aliases between calls
+        self.random = _DeviceRandom(device) if seeded else None
         self._tag = (rec.id, device)
 
     def __getattr__(self, name: str) -> Any:  # anything else AOTAutograd reads (e.g. post_compile)
@@ -534,14 +608,24 @@ class _NeuronCode:
         if self.bad_devices:
             for d in self.bad_devices:
                 torch.empty(0, device=torch.device(DEVICE_TYPE, d))  # raises eager's error
-        prev = getattr(_state, "run", None)
-        _state.run = self._tag
-        try:
-            if self.cpu_outs:
-                return self._call_with_cpu_outputs(args)
-            out = self._run_on_host(self.compiled, args, self.device)
-        finally:
-            _state.run = prev
+        on = self._recording()
+        if self.timing is not None:
+            self.timing.set(on)
+        if self.random is not None:
+            with self.random:
+                return self._run(args, on)
+        return self._run(args, on)
+
+    def _run(self, args: list[Any], on: bool) -> Any:
+        if on or self.cpu_outs:
+            prev = getattr(_state, "run", None)
+            _state.run = self._tag
+            try:
+                out = self._call_with_cpu_outputs(args) if self.cpu_outs else self.plan.run(self.compiled, args)
+            finally:
+                _state.run = prev
+        else:
+            out = self.plan.run(self.compiled, args)
         args.clear()
         if self.moved:
             out = list(out)
@@ -561,14 +645,11 @@ class _NeuronCode:
                 stash[i], res[i] = res[i], None
             return res
 
-        out = list(self._run_on_host(host, args, self.device))
-        args.clear()
+        out = list(self.plan.run(host, args))
         for i, t in stash.items():
             # memory the graph allocated came from the device allocator: give the CPU result CPU memory
             own = isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in cpu_args
             out[i] = t.clone(memory_format=torch.preserve_format) if own else t
-        for i, d in self.moved:
-            out[i] = out[i].to(d)
         return out
 
 

@@ -4,9 +4,12 @@ Graph breaks are taken where Dynamo decides them, not from its logs: ``Instructi
 log_graph_break`` (every break Dynamo takes, once per exception) and ``Unsupported.add_to_stats`` (the
 ``torch._dynamo.utils.counters`` entry it counts the break under) are wrapped while capture is
 installed, so no logging configuration (``logging.disable``, a notebook's ``basicConfig``, handlers,
-levels) can hide a break, and the lab's counts equal Dynamo's counters. Recompile reasons and guards
-come from Dynamo's ``recompiles``/``guards`` logging artifacts. Each record carries Dynamo's own
-reason/explanation/hint text, the user location, and the compile id.
+levels) can hide a break, and the lab's counts equal Dynamo's counters. Recompiles and guards are taken
+the same way: ``convert_frame.get_and_maybe_log_recompilation_reasons`` (Dynamo computes the failed
+guards of every recompile, whatever the logging, and only then decides whether to log them) and
+``CheckFunctionManager.__init__`` (the guard tree Dynamo built for a compile; the ``guards`` artifact
+logs the same text). Each record carries Dynamo's own reason/explanation/hint text, the user location,
+and the compile id.
 
 :func:`quiet_dynamo` keeps what Dynamo and Inductor print (e.g. the ``W1203 ... Graph break from
 Tensor.item()`` warning block) out of the output while code runs, and keeps it for the caller.
@@ -15,6 +18,7 @@ Tensor.item()`` warning block) out of the output while code runs, and keeps it f
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 import threading
@@ -37,9 +41,6 @@ __all__ = [
     "set_location_mapper",
     "uninstall",
 ]
-
-_RECOMPILE_LOGGER = "torch._dynamo.guards.__recompiles"
-_GUARDS_LOGGER = "torch._dynamo.guards.__guards"
 
 
 @dataclass
@@ -86,10 +87,9 @@ _lock = threading.Lock()
 _breaks: list[GraphBreak] = []
 _recompiles: list[Recompile] = []
 _guards: dict[str, list[str]] = {}
-_installed: dict[str, tuple[int, bool]] = {}
+_installed: dict[str, bool] = {}
 _mapper: Callable[[str, int], str | None] | None = None
 
-_RECOMP = re.compile(r"Recompiling function (?P<fn>\S+) in (?P<file>.+?):(?P<line>\d+)")
 _RESUME = re.compile(r"torch_dynamo_resume_in_(?P<fn>\w+?)_at_\d+")
 
 
@@ -217,7 +217,9 @@ def _hook_dynamo() -> None:
     """Wrap the two Dynamo functions that decide and count a graph break (idempotent)."""
     if _originals:
         return
+    from torch._dynamo import convert_frame as cf
     from torch._dynamo import exc as dexc
+    from torch._dynamo import guards as dguards
     from torch._dynamo import symbolic_convert as sc
 
     log_break = sc.InstructionTranslatorBase.log_graph_break
@@ -248,32 +250,58 @@ def _hook_dynamo() -> None:
         except Exception:  # noqa: BLE001
             pass
 
-    _originals.update(log_graph_break=log_break, add_to_stats=add_stats, remove_from_stats=remove_stats)
+    reasons_fn = cf.get_and_maybe_log_recompilation_reasons
+    cfm_init = dguards.CheckFunctionManager.__init__
+
+    def get_and_maybe_log_recompilation_reasons(cache_entries: Any, frame: Any, *args: Any, **kwargs: Any) -> Any:
+        reasons = reasons_fn(cache_entries, frame, *args, **kwargs)
+        if not kwargs.get("skip_logging", False):
+            try:
+                _note_recompile(frame.f_code, list(reasons))
+            except Exception:  # noqa: BLE001 - capture must never break compilation
+                pass
+        return reasons
+
+    @functools.wraps(cfm_init)
+    def check_function_manager_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        cfm_init(self, *args, **kwargs)
+        try:
+            _note_guards(getattr(self, "guard_manager", None))
+        except Exception:  # noqa: BLE001
+            pass
+
+    _originals.update(log_graph_break=log_break, add_to_stats=add_stats, remove_from_stats=remove_stats,
+                      recompilation_reasons=reasons_fn, cfm_init=cfm_init)
     sc.InstructionTranslatorBase.log_graph_break = log_graph_break  # type: ignore[method-assign]
     dexc.Unsupported.add_to_stats = add_to_stats  # type: ignore[method-assign]
     dexc.Unsupported.remove_from_stats = remove_from_stats  # type: ignore[method-assign]
+    cf.get_and_maybe_log_recompilation_reasons = get_and_maybe_log_recompilation_reasons
+    dguards.CheckFunctionManager.__init__ = check_function_manager_init  # type: ignore[method-assign]
 
 
 def _unhook_dynamo() -> None:
     if not _originals:
         return
+    from torch._dynamo import convert_frame as cf
     from torch._dynamo import exc as dexc
+    from torch._dynamo import guards as dguards
     from torch._dynamo import symbolic_convert as sc
 
     sc.InstructionTranslatorBase.log_graph_break = _originals["log_graph_break"]  # type: ignore[method-assign]
     dexc.Unsupported.add_to_stats = _originals["add_to_stats"]  # type: ignore[method-assign]
     dexc.Unsupported.remove_from_stats = _originals["remove_from_stats"]  # type: ignore[method-assign]
+    cf.get_and_maybe_log_recompilation_reasons = _originals["recompilation_reasons"]
+    dguards.CheckFunctionManager.__init__ = _originals["cfm_init"]  # type: ignore[method-assign]
     _originals.clear()
 
 
-def _parse_recompile(msg: str) -> Recompile | None:
-    m = _RECOMP.search(msg)
-    if m is None:
-        return None
-    failures = [ln.strip()[2:].strip() for ln in msg.splitlines() if ln.strip().startswith("- ")]
-    fn = m.group("fn")
+def _recompile_from(code: Any, reasons: list[str]) -> Recompile:
+    """A Recompile from the frame's code object and the guard failures Dynamo found (its own text)."""
+    failures = [ln.strip() for r in reasons for ln in str(r).splitlines() if ln.strip()]
+    fn = str(code.co_name)
     rm = _RESUME.match(fn)
-    filename, line = m.group("file"), int(m.group("line"))
+    filename, line = str(code.co_filename), int(code.co_firstlineno)
+    detail = "\n".join(f"- {f}" for f in failures)
     return Recompile(
         function=rm.group("fn") + " (resumed after a graph break)" if rm else fn,
         filename=filename,
@@ -281,8 +309,28 @@ def _parse_recompile(msg: str) -> Recompile | None:
         location=_location(filename, line),
         failures=failures,
         compile_id=_compile_id(),
-        message=msg,
+        message=f"Recompiling function {fn} in {filename}:{line}\n    triggered by the following guard "
+                f"failure(s):\n" + "\n".join("    " + d for d in detail.splitlines()),
     )
+
+
+def _note_recompile(code: Any, reasons: list[str]) -> None:
+    rc = _recompile_from(code, reasons)
+    with _lock:
+        _recompiles.append(rc)
+
+
+def _note_guards(guard_manager: Any) -> None:
+    cid = _compile_id()
+    if cid is None or guard_manager is None:
+        return
+    text = _readable_guards(str(guard_manager))
+    with _lock:
+        _guards[cid] = text
+    from . import registry
+
+    for r in registry._pending_guards(cid):
+        r.guards = list(text)
 
 
 def _readable_guards(msg: str) -> list[str]:
@@ -300,64 +348,18 @@ def _readable_guards(msg: str) -> list[str]:
     return user + ambient
 
 
-class _Handler(logging.Handler):
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            msg = record.getMessage()
-        except Exception:  # noqa: BLE001 - a broken log record must never break compilation
-            return
-        try:
-            if record.name == _RECOMPILE_LOGGER:
-                rc = _parse_recompile(msg)
-                if rc is not None:
-                    with _lock:
-                        _recompiles.append(rc)
-            elif record.name == _GUARDS_LOGGER:
-                cid = _compile_id()
-                if cid is not None and "TREE_GUARD_MANAGER" in msg:
-                    text = _readable_guards(msg)
-                    with _lock:
-                        _guards[cid] = text
-                    from . import registry
-
-                    for r in registry._pending_guards(cid):
-                        r.guards = list(text)
-        except Exception:  # noqa: BLE001
-            return
-
-
-_handler = _Handler(level=logging.DEBUG)
-
-
 def install() -> None:
     """Start capturing (idempotent). Nothing is printed; records accumulate until :func:`clear`."""
     with _lock:
         if _installed:
             return
-        # Dynamo formats recompile reasons only when the artifact is enabled in torch._logging's state.
-        try:
-            import torch._logging._internal as _tl
-
-            _tl.log_state.enable_artifact("recompiles")
-        except Exception:  # noqa: BLE001 - an older/newer torch without this state: breaks still work
-            pass
         _hook_dynamo()
-        for name in (_RECOMPILE_LOGGER, _GUARDS_LOGGER):
-            lg = logging.getLogger(name)
-            _installed[name] = (lg.level, lg.propagate)
-            lg.setLevel(logging.DEBUG)
-            lg.propagate = False
-            lg.addHandler(_handler)
+        _installed["dynamo"] = True
 
 
 def uninstall() -> None:
-    """Stop capturing and restore the loggers as they were."""
+    """Stop capturing (Dynamo's functions restored)."""
     with _lock:
-        for name, (level, propagate) in _installed.items():
-            lg = logging.getLogger(name)
-            lg.removeHandler(_handler)
-            lg.setLevel(level)
-            lg.propagate = propagate
         _installed.clear()
         _unhook_dynamo()
 

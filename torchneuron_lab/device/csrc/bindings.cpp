@@ -6,6 +6,8 @@
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/extension.h>
 
+#include <array>
+
 // From libtorch_python (torch/csrc/profiler/python/combined_traceback.h, whose header needs a JSON
 // library torch does not ship): turns captured tracebacks into lists of {filename, line, name}.
 namespace torch {
@@ -353,6 +355,79 @@ py::dict stats_dict(int device) {
   return r;
 }
 
+// Converts the result of host code (a tensor, or a list/tuple of them) back to neuron tensors.
+py::object results_back(HostCall& call, const py::object& result) {
+  auto convert = [&](py::handle h) -> py::object {
+    if (THPVariable_Check(h.ptr())) return py::cast(call.out(THPVariable_Unpack(h.ptr())));
+    return py::reinterpret_borrow<py::object>(h);
+  };
+  if (py::isinstance<py::list>(result) || py::isinstance<py::tuple>(result)) {
+    py::list out(py::len(result));
+    size_t i = 0;
+    for (py::handle h : result) out[i++] = convert(h);
+    return py::object(out);
+  }
+  return convert(result);
+}
+
+struct HostPlan {
+  explicit HostPlan(int device) : device(device) { check_device_index(device); }
+  int device;
+  // per argument position, the two most recent CPU aliases (Python tensors), newest first: a training
+  // loop's `loss = step()` keeps the previous step's saved tensors alive while the next forward runs,
+  // so activations alternate between two blocks of the caching allocator
+  std::vector<std::array<py::object, 2>> aliases;
+  int64_t reused = 0, made = 0;
+
+  // an alias nothing but this plan references (not kept by the graph from an earlier call)
+  static at::Tensor unheld(const py::object& o) {
+    if (!o || Py_REFCNT(o.ptr()) != 1) return at::Tensor();
+    at::Tensor a = THPVariable_Unpack(o.ptr());
+    return a.use_count() == 2 ? a : at::Tensor();  // the Python object's reference and this one
+  }
+
+  py::object run(py::function fn, py::list args) {
+    HostCall call(device);
+    const size_t n = py::len(args);
+    if (aliases.size() < n) aliases.resize(n);
+    py::list cpu_args(n);
+    for (size_t i = 0; i < n; ++i) {
+      py::handle h = args[i];
+      if (!THPVariable_Check(h.ptr()) || THPVariable_Unpack(h.ptr()).device().type() != kNeuron) {
+        cpu_args[i] = h;
+        continue;
+      }
+      const at::Tensor& t = THPVariable_Unpack(h.ptr());
+      auto& slot = aliases[i];
+      at::Tensor prev;
+      size_t hit = 2;
+      for (size_t k = 0; k < 2 && hit == 2; ++k) {
+        at::Tensor cand = unheld(slot[k]);
+        if (alias_matches(t, cand)) {
+          prev = std::move(cand);
+          hit = k;
+        }
+      }
+      at::Tensor a = call.in_reusing(t, prev);
+      if (hit < 2) {
+        ++reused;
+        if (hit == 1) std::swap(slot[0], slot[1]);
+      } else {
+        ++made;
+        slot[1] = std::move(slot[0]);
+        slot[0] = py::cast(a);
+      }
+      cpu_args[i] = slot[0];
+    }
+    py::object result;
+    {
+      RedirectGuard redirect(device);
+      result = fn(cpu_args);
+    }
+    return results_back(call, result);
+  }
+};
+
 void init_module(py::module& m) {
   torch::installCapturedTracebackPython();
   install_hooks();
@@ -485,11 +560,25 @@ void init_module(py::module& m) {
     }
     return convert(result);
   }, py::arg("fn"), py::arg("args"), py::arg("device"));
+  // run_on_host for one compiled graph called many times: the CPU aliases of its inputs are kept
+  // between calls, per argument position, and reused while they view the same bytes with the same
+  // layout and nothing else holds them (an alias costs two allocations and a Python object).
+  py::class_<HostPlan>(m, "HostPlan")
+      .def(py::init<int>(), py::arg("device"))
+      .def("run", &HostPlan::run, py::arg("fn"), py::arg("args"))
+      .def_readonly("device", &HostPlan::device)
+      .def_readonly("reused", &HostPlan::reused)
+      .def_readonly("made", &HostPlan::made);
   m.def("cpu_alias", [](const at::Tensor& t) {
     HostCall call(t.device().type() == kNeuron ? t.device().index() : current_device());
     return call.in(t);
   });
 
+  // The CPU engine (mt19937) that neuron:d's default generator draws from, as a CPU torch.Generator
+  // sharing its state: host code (compiled graphs) passes it to CPU kernels to draw from neuron's stream.
+  m.def("generator_engine", [](int d) {
+    return py::reinterpret_steal<py::object>(THPGenerator_Wrap(cpu_engine_of(default_generator(d))));
+  });
   m.def("default_generator", [](int d) {
     return py::reinterpret_steal<py::object>(THPGenerator_initDefaultGenerator(default_generator(d)));
   });

@@ -1070,6 +1070,30 @@ at::Tensor HostCall::in(const at::Tensor& t) {
   return alias_in(impl_->cs, t, /*writable=*/true);
 }
 
+bool alias_matches(const at::Tensor& t, const at::Tensor& alias) {
+  if (!alias.defined() || !t.defined()) return false;
+  const c10::StorageImpl* ns = t.storage().unsafeGetStorageImpl();
+  const c10::TensorImpl* p = alias.unsafeGetTensorImpl();
+  const c10::StorageImpl* ps = alias.storage().unsafeGetStorageImpl();
+  // Same bytes, same dtype and geometry: the alias is exactly the one cpu_alias would build now.
+  return ps->data_ptr().get() == ns->data_ptr().get() && ps->nbytes() == ns->nbytes() &&
+         ps->resizable() == ns->resizable() && p->dtype() == t.dtype() && p->storage_offset() == t.storage_offset() &&
+         p->sizes().equals(t.sizes()) && p->strides().equals(t.strides()) && p->is_conj() == t.is_conj() &&
+         p->is_neg() == t.is_neg();
+}
+
+at::Tensor HostCall::in_reusing(const at::Tensor& t, at::Tensor& prev) {
+  if (!t.defined() || t.device().type() != kNeuron) return t;
+  TORCH_CHECK(t.device().index() == device_, "compiled graph for neuron:", device_, " got an input on ", t.device());
+  if (alias_matches(t, prev)) {
+    impl_->cs.ins.push_back({t, prev, prev.storage().unsafeGetStorageImpl(), t.storage().data_ptr().get(),
+                             t.storage().nbytes(), /*writable=*/true});
+    return prev;
+  }
+  prev = alias_in(impl_->cs, t, /*writable=*/true);
+  return prev;
+}
+
 at::Tensor HostCall::out(const at::Tensor& t) {
   if (!t.defined() || !t.is_cpu()) return t;
   return map_back(impl_->cs, t);

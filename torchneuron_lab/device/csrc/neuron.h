@@ -130,11 +130,16 @@ bool note_signature(int device, uint64_t hash, const std::function<std::string()
 // ---- kernels.cpp: running host code (e.g. compiled kernels) on device memory ----
 // Converts neuron tensors to zero-copy CPU aliases and maps results back: views of an input keep its
 // neuron storage, memory allocated while the call ran (RedirectGuard) is adopted without a copy.
+// Whether `alias` (a CPU alias made earlier) views exactly the bytes, dtype and layout of neuron tensor t.
+bool alias_matches(const at::Tensor& t, const at::Tensor& alias);
 class HostCall {
  public:
   explicit HostCall(int device);
   ~HostCall();
   at::Tensor in(const at::Tensor& t);   // neuron -> CPU alias (others unchanged)
+  // neuron -> CPU alias, reusing `prev` (an alias this made for an earlier call, no longer referenced
+  // elsewhere) when it views the same bytes with the same dtype and layout; `prev` is updated.
+  at::Tensor in_reusing(const at::Tensor& t, at::Tensor& prev);
   at::Tensor out(const at::Tensor& t);  // CPU result -> neuron tensor
   int device() const { return device_; }
 
