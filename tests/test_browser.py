@@ -2,7 +2,7 @@
 
 Starts ``jupyter lab`` on 127.0.0.1 with a random token in a temporary notebook directory, writes there
 the bundled notebook ``notebooks/timeline_demo.ipynb`` plus two cells (a MemoryWidget over a recorded
-allocator history, and ``%neuron_subgraphs`` after a ``torch.compile`` with a graph break), opens it in
+allocator history, and a SubgraphWidget after a ``torch.compile`` with a graph break), opens it in
 headless Chromium (``/usr/bin/chromium``: no browser download, never ``playwright install``), runs all
 cells from the Run menu, and checks what a user sees: the timeline's lanes; hovering a bar near its END
 (not its middle) shows that kernel; clicking it fills the details panel without clipping a value; a
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.timeout(720)]
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "timeline_demo.ipynb"
@@ -107,7 +107,11 @@ def block(x, w):
 compiled = torch.compile(block, backend="neuron")
 w = torch.randn(32, 32, device="neuron")
 out = compiled(torch.randn(16, 32, device="neuron"), w)
-%neuron_subgraphs"""
+
+from torchneuron_lab.compiler import capture, registry
+from torchneuron_lab.widgets import SubgraphWidget
+
+SubgraphWidget([r.as_dict() for r in registry.records()], capture.graph_breaks())"""
 
 
 def _demo_notebook(path: Path) -> None:
@@ -324,7 +328,7 @@ def _check_memory_and_subgraphs(page: Any, memory_shot: Path, subgraph_shot: Pat
     memory.screenshot(path=str(memory_shot))
 
     subgraphs = page.locator(".tnl-subgraphs").first
-    subgraphs.wait_for(timeout=360_000)  # a cold torch.compile in a busy kernel
+    subgraphs.wait_for(timeout=240_000)  # a cold torch.compile in a busy kernel
     subgraphs.scroll_into_view_if_needed()
     page.wait_for_timeout(1000)
     text = subgraphs.inner_text()

@@ -566,7 +566,7 @@ def _fmt_tick(us: float, step_us: float, unit: tuple[float, str]) -> str:
 
 
 def axis_ticks(axis: TimeAxis, x_lo: float | None = None, x_hi: float | None = None,
-               n: int = 8) -> tuple[list[float], list[str]]:
+               n: int = 12) -> tuple[list[float], list[str]]:
     """Tick positions (axis µs) and labels (measured time since the first event) for the visible
     ``[x_lo, x_hi]`` of a compressed axis: round values of measured time inside each stretch of activity,
     never inside a break."""

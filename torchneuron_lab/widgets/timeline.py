@@ -59,7 +59,8 @@ def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = Non
     return p
 
 
-_WRAP = "white-space:normal;overflow-wrap:anywhere;word-break:break-word;vertical-align:top"
+_WRAP = "white-space:normal;overflow-wrap:anywhere;vertical-align:top"
+_WRAP_WORDS = "white-space:normal;overflow-wrap:break-word;vertical-align:top"
 
 
 def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "") -> str:
@@ -74,9 +75,10 @@ def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "")
     if not rows:
         return "<i>none</i>"
     keys = list(rows[0])
-    head = "".join(f"<th style='text-align:left;padding-right:8px;{_WRAP}'>{html.escape(k)}</th>" for k in keys)
+    head = "".join(f"<th style='text-align:left;padding-right:8px;white-space:nowrap'>{html.escape(k)}</th>"
+                   for k in keys)
     body = "".join(
-        "<tr>" + "".join(f"<td style='text-align:left;padding-right:8px;{_WRAP}'>{html.escape(str(r[k]))}</td>"
+        "<tr>" + "".join(f"<td style='text-align:left;padding-right:8px;{_WRAP_WORDS}'>{html.escape(str(r[k]))}</td>"
                          for k in keys)
         + "</tr>" for r in rows
     )
@@ -411,7 +413,8 @@ class SubgraphWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.detail.value = (
             f"<b>{html.escape(str(rec.get('name')))}</b>" + _highlight(rec.get("fx_code", ""))
             + "<b>kernels</b>" + _table(kernels)
-            + "<b>guards</b><pre>" + html.escape("\n".join(rec.get("guards", []))) + "</pre>"
+            + f"<b>guards</b> ({len(rec.get('guards', []))})<pre style='max-height:14em;overflow:auto'>"
+            + html.escape("\n".join(rec.get("guards", []))) + "</pre>"
         )
 
     def __repr__(self) -> str:
