@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import atexit
 from typing import Any
 
 import torch
@@ -31,11 +30,16 @@ from .memory import (
 )
 
 __all__ = [
+    "Event",
+    "Stream",
+    "StreamContext",
     "_dump_snapshot",
     "_record_memory_history",
     "_snapshot",
     "current_device",
+    "current_stream",
     "default_generators",
+    "default_stream",
     "device",
     "device_count",
     "device_of",
@@ -71,6 +75,8 @@ __all__ = [
     "set_device",
     "set_rng_state",
     "set_rng_state_all",
+    "set_stream",
+    "stream",
     "synchronize",
 ]
 
@@ -159,8 +165,159 @@ class device_of(device):
 
 
 def synchronize(device: _DeviceLike = None) -> None:
-    """Wait for the device. Kernels run synchronously, so this only records a sync event."""
+    """Wait until every kernel launched on every stream of the device has run (``torch.cuda.synchronize``).
+
+    Recorded as a sync event with the time the host waited. An error a queued kernel raised is raised here.
+    """
     _lib().synchronize(_index(device))
+
+
+# ---- streams and events (torch.cuda's names; README "Asynchronous execution") ----
+
+_PRIVATEUSE1: int | None = None
+
+
+def _drain_at_exit() -> None:  # kernels still queued finish before the interpreter goes away
+    try:
+        _lib().drain()
+    except Exception:  # noqa: BLE001, S110 - exit must not fail
+        pass
+
+
+atexit.register(_drain_at_exit)
+
+
+def _device_type_code() -> int:
+    global _PRIVATEUSE1
+    if _PRIVATEUSE1 is None:
+        _PRIVATEUSE1 = int(torch.Stream(device="neuron").device_type)
+    return _PRIVATEUSE1
+
+
+class Stream(torch.Stream):
+    """A neuron stream: an in-order queue of kernels with its own device worker, as ``torch.cuda.Stream``.
+
+    Kernels launched while a stream is current (``with torch.neuron.stream(s):``) run in launch order on it;
+    kernels of different streams may overlap. ``priority`` is 0 (default) or -1 (high), as CUDA's range.
+    """
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> Stream:  # noqa: PYI034
+        if {"stream_id", "device_index", "device_type"} <= kwargs.keys():
+            return super().__new__(cls, **kwargs)  # type: ignore[call-arg]
+        return super().__new__(cls, device=torch.device("neuron", _index(device)), priority=int(priority))  # type: ignore[call-arg]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # torch.Stream initialises in __new__
+        pass
+
+    @property
+    def priority(self) -> int:
+        return int(_lib().stream_priority(self.device_index, self.stream_id))
+
+    def wait_event(self, event: torch.Event) -> None:
+        """Kernels launched on this stream from now on wait for ``event`` (the host does not wait)."""
+        event.wait(self)
+
+    def wait_stream(self, stream: torch.Stream) -> None:
+        """Kernels launched on this stream from now on wait for the work launched on ``stream`` so far."""
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: torch.Event | None = None) -> Event:  # type: ignore[override]
+        """Record ``event`` (a new one if None) on this stream and return it."""
+        ev = Event() if event is None else event
+        ev.record(self)
+        return ev  # type: ignore[return-value]
+
+    def __repr__(self) -> str:
+        return f"<torch.neuron.Stream device=neuron:{self.device_index} stream_id={self.stream_id} priority={self.priority}>"
+
+
+class Event(torch.Event):
+    """A marker in a neuron stream, as ``torch.cuda.Event``: ``record``, ``wait``, ``query``,
+    ``synchronize``, ``elapsed_time`` (milliseconds between two timed events, measured on the device)."""
+
+    def __new__(  # noqa: PYI034
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, device: _DeviceLike = None
+    ) -> Event:
+        if interprocess:
+            raise RuntimeError("neuron events cannot be shared between processes (the emulated device has no IPC)")
+        return super().__new__(  # type: ignore[call-arg]
+            cls, device=torch.device("neuron", _index(device)), enable_timing=enable_timing, blocking=blocking
+        )
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def record(self, stream: torch.Stream | None = None) -> None:
+        super().record(current_stream() if stream is None else stream)
+
+    def wait(self, stream: torch.Stream | None = None) -> None:
+        super().wait(current_stream() if stream is None else stream)
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds between this event and ``end_event`` on the device (both recorded and complete)."""
+        return float(_lib().event_elapsed_ms(self.event_id, end_event.event_id))
+
+    def __repr__(self) -> str:
+        return f"<torch.neuron.Event device={self.device} done={self.query()}>"
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    """This thread's current stream on the device (the default stream unless one was set)."""
+    i = _index(device)
+    return Stream(stream_id=int(_lib().current_stream(i)), device_index=i, device_type=_device_type_code())
+
+
+def default_stream(device: _DeviceLike = None) -> Stream:
+    """The device's default stream (stream id 0)."""
+    return Stream(stream_id=0, device_index=_index(device), device_type=_device_type_code())
+
+
+def set_stream(stream: torch.Stream | None) -> None:
+    """Make ``stream`` current on its device for this thread (None: no-op, as torch.cuda)."""
+    if stream is None:
+        return
+    if stream.device_type != _device_type_code():
+        raise ValueError(f"expected a neuron stream, got {stream!r}")
+    _lib().set_stream(stream.device_index, stream.stream_id)
+
+
+class StreamContext:
+    """Context manager that makes ``stream`` (and its device) current, restoring both on exit."""
+
+    def __init__(self, stream: torch.Stream | None) -> None:
+        self.stream = stream
+        self._prev: list[tuple[int, int]] = []
+        self._prev_device: int | None = None
+
+    def __enter__(self) -> torch.Stream | None:
+        s = self.stream
+        if s is None:
+            return None
+        self._prev_device = current_device()
+        self._prev.append((s.device_index, int(_lib().current_stream(s.device_index))))
+        if s.device_index != self._prev_device:
+            set_device(s.device_index)
+        set_stream(s)
+        return s
+
+    def __exit__(self, *exc: object) -> None:
+        if self.stream is None:
+            return
+        device_index, stream_id = self._prev.pop()
+        _lib().set_stream(device_index, stream_id)
+        if self._prev_device is not None and self._prev_device != device_index:
+            set_device(self._prev_device)
+
+
+def _sleep(ms: float, device: _DeviceLike = None) -> None:
+    """Launch a kernel that keeps the current stream busy for ``ms`` milliseconds (``torch.cuda._sleep``'s
+    counterpart, for tests and demos of overlap; it ends early when Ctrl-C drops the device's queue)."""
+    _lib().sleep(_index(device), float(ms))
+
+
+def stream(stream: torch.Stream | None) -> StreamContext:
+    """``with torch.neuron.stream(s):`` kernels launched inside run on ``s``."""
+    return StreamContext(stream)
 
 
 def get_device_name(device: _DeviceLike = None) -> str:
@@ -213,7 +370,10 @@ def __getattr__(name: str) -> Any:  # module attribute: built lazily, never init
 
 
 def _gen(device: _DeviceLike) -> torch.Generator:
-    return _lib().default_generator(_index(device))
+    # Seeding or reading the state while random kernels are queued would reorder them: wait first.
+    i = _index(device)
+    _lib().synchronize(i)
+    return _lib().default_generator(i)
 
 
 def manual_seed(seed: int) -> None:
@@ -256,11 +416,6 @@ def get_rng_state_all() -> list[torch.Tensor]:
 def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
     for i, state in enumerate(new_states):
         set_rng_state(state, i)
-
-
-@contextlib.contextmanager
-def _stream_ctx() -> Iterator[None]:  # kernels are synchronous; one default stream per device
-    yield
 
 
 # ---- multiprocessing: neuron memory belongs to the process that allocated it ----

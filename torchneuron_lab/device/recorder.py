@@ -74,10 +74,12 @@ def start(
 
 
 def stop() -> None:
+    lib().drain()  # kernels still queued record their events first
     lib().recorder_stop()
 
 
 def clear() -> None:
+    lib().drain()
     lib().recorder_clear()
 
 

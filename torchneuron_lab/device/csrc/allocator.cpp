@@ -66,6 +66,13 @@ struct Block {
   char* ptr;
   bool small;
   bool allocated = false;
+  // Stream-ordered reuse: the stream the block's segment belongs to, the stream position launched last
+  // when it was freed (work up to there may still use it), streams it was also used on (record_stream)
+  // and, while a free waits for those, the positions they must complete.
+  int stream = 0;
+  uint64_t free_pos = 0;
+  std::vector<int> uses;
+  std::vector<std::pair<int, uint64_t>> pending;
   Block* prev = nullptr;
   Block* next = nullptr;
   std::shared_ptr<c10::GatheredContext> context;
@@ -75,6 +82,7 @@ struct Block {
 
 struct BlockLess {
   bool operator()(const Block* a, const Block* b) const {
+    if (a->stream != b->stream) return a->stream < b->stream;
     if (a->size != b->size) return a->size < b->size;
     return reinterpret_cast<uintptr_t>(a->ptr) < reinterpret_cast<uintptr_t>(b->ptr);
   }
@@ -113,21 +121,34 @@ class DeviceAllocator {
     }
     std::shared_ptr<c10::GatheredContext> ctx;
     if (g_record_context.load(std::memory_order_relaxed) && g_context_fn) ctx = g_context_fn();
+    // The stream this allocation is ordered on, and the reuse limit: the host launches later than every
+    // free, so any cached block of its stream is safe; a kernel running at position P (a workspace or an
+    // output allocated on the stream's worker) may reuse a block only if it was freed before P launched.
+    int stream = 0;
+    uint64_t limit = UINT64_MAX;
+    if (worker_stream() >= 0) {
+      stream = worker_stream();
+      limit = worker_position();
+    } else {
+      stream = current_stream(device_);
+    }
     std::unique_lock<std::mutex> lock(mu_);
+    process_pending();
     // Every size enters here: a request beyond the capacity can never be met (and would overflow the
     // rounding below, e.g. a size_t made from a negative or overflowed byte count): out of memory.
     if (n > static_cast<size_t>(capacity_)) raise_oom(n, n, ctx, lock);
     const size_t size = round_size(n);
     const bool small = size <= kSmallSize;
-    Block* block = find_free(small, size);
+    Block* block = find_free(small, size, stream, limit);
     if (block == nullptr) {
-      block = new_segment(small, size, n, ctx, lock);  // throws OutOfMemoryError (lock released)
+      block = new_segment(small, size, n, ctx, lock, stream);  // throws OutOfMemoryError (lock released)
     } else if (block->is_split()) {
       update_stat(stats_.inactive_split, block->small, -1);
       update_stat(stats_.inactive_split_bytes, block->small, -static_cast<int64_t>(block->size));
     }
     maybe_split(block, size);
     block->allocated = true;
+    block->uses.clear();
     block->requested_size = n;
     block->context = ctx;
     active_[block->ptr] = block;
@@ -159,13 +180,55 @@ class DeviceAllocator {
     block->allocated = false;
     update_stat(stats_.allocation, block->small, -1);
     update_stat(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
-    update_stat(stats_.active, block->small, -1);
-    update_stat(stats_.active_bytes, block->small, -static_cast<int64_t>(block->size));
     update_stat(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested_size));
     block->requested_size = 0;
     block->context.reset();
+    block->free_pos = stream_enqueued(device_, block->stream);
+    if (!block->uses.empty()) {
+      // Used on other streams (record_stream): cached only once the work they had launched by now is done.
+      for (int s : block->uses) block->pending.emplace_back(s, stream_enqueued(device_, s));
+      block->uses.clear();
+      pending_.push_back(block);
+      process_pending();
+      return true;
+    }
+    release_to_pool(block);
+    return true;
+  }
+
+  // record_stream: the live block at p is also used by work on `stream`.
+  void record_use(void* p, int stream) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = active_.find(static_cast<char*>(p));
+    if (it == active_.end()) return;
+    Block* b = it->second;
+    if (stream == b->stream) return;
+    if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
+  }
+
+  // Frees whose other-stream work has completed join the cache.
+  void process_pending() {
+    if (pending_.empty()) return;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Block* b = *it;
+      bool done = true;
+      for (const auto& [s, pos] : b->pending) done = done && stream_completed(device_, s) >= pos;
+      if (done) {
+        b->pending.clear();
+        it = pending_.erase(it);
+        release_to_pool(b);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  // Caller holds mu_. Moves a freed block (stats: no longer active) into its stream's pool, merged.
+  void release_to_pool(Block* block) {
+    update_stat(stats_.active, block->small, -1);
+    update_stat(stats_.active_bytes, block->small, -static_cast<int64_t>(block->size));
     for (Block* nb : {block->prev, block->next}) {
-      if (nb != nullptr && !nb->allocated) {
+      if (nb != nullptr && !nb->allocated && nb->pending.empty()) {
         update_stat(stats_.inactive_split, nb->small, -1);
         update_stat(stats_.inactive_split_bytes, nb->small, -static_cast<int64_t>(nb->size));
       }
@@ -177,12 +240,14 @@ class DeviceAllocator {
       update_stat(stats_.inactive_split_bytes, block->small, block->size);
     }
     pool(block->small).insert(block);
-    return true;
   }
 
-  // Returns cached, wholly free segments to the host. Caller holds no lock.
+  // Returns cached, wholly free segments to the host. Caller holds no lock. As CUDA's, it synchronises
+  // the device first (queued kernels may still read blocks the host has freed).
   void empty_cache() {
+    if (worker_stream() < 0) synchronize_device(device_, "sync: torch.neuron.empty_cache()");
     std::lock_guard<std::mutex> lock(mu_);
+    process_pending();
     release_cached();
   }
 
@@ -224,6 +289,7 @@ class DeviceAllocator {
     uintptr_t address;
     size_t total;
     bool small;
+    int stream;
     struct BlockView {
       uintptr_t address;
       size_t size, requested;
@@ -236,7 +302,7 @@ class DeviceAllocator {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<SegView> out;
     for (auto& kv : segments_) {
-      SegView s{kv.first, kv.second.size_total, kv.second.head->small, {}};
+      SegView s{kv.first, kv.second.size_total, kv.second.head->small, kv.second.head->stream, {}};
       for (Block* b = kv.second.head; b != nullptr; b = b->next)
         s.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, b->requested_size, b->allocated,
                             b->context});
@@ -271,6 +337,21 @@ class DeviceAllocator {
     size_t size_total;
   };
 
+  bool all_idle() {
+    // Every stream this device's blocks belong to has completed its work (stream ids are dense).
+    for (int s = 0; s < kMaxStreamsPerDevice; ++s) {
+      uint64_t e, c;
+      try {
+        e = stream_enqueued(device_, s);
+        c = stream_completed(device_, s);
+      } catch (const c10::Error&) {
+        break;  // past the last stream
+      }
+      if (e != c) return false;
+    }
+    return true;
+  }
+
   static size_t round_size(size_t n) {
     if (n < kMinBlockSize) return kMinBlockSize;
     return kMinBlockSize * ((n + kMinBlockSize - 1) / kMinBlockSize);
@@ -287,14 +368,17 @@ class DeviceAllocator {
             &stats_.inactive_split_bytes, &stats_.requested_bytes};
   }
 
-  Block* find_free(bool small, size_t size) {
+  Block* find_free(bool small, size_t size, int stream, uint64_t limit) {
     auto& p = pool(small);
     Block key(device_, size, nullptr, small);
-    auto it = p.lower_bound(&key);
-    if (it == p.end()) return nullptr;
-    Block* b = *it;
-    p.erase(it);
-    return b;
+    key.stream = stream;
+    for (auto it = p.lower_bound(&key); it != p.end() && (*it)->stream == stream; ++it) {
+      Block* b = *it;
+      if (limit != UINT64_MAX && b->free_pos >= limit) continue;  // a later launch may still use it
+      p.erase(it);
+      return b;
+    }
+    return nullptr;
   }
 
   void maybe_split(Block* block, size_t size) {
@@ -302,6 +386,8 @@ class DeviceAllocator {
     const bool should = block->small ? remaining >= kMinBlockSize : remaining > kSmallSize;
     if (!should) return;
     auto* rest = new Block(device_, remaining, block->ptr + size, block->small);
+    rest->stream = block->stream;
+    rest->free_pos = block->free_pos;
     rest->prev = block;
     rest->next = block->next;
     if (rest->next) rest->next->prev = rest;
@@ -313,7 +399,7 @@ class DeviceAllocator {
   }
 
   void merge(Block* dst, Block* src) {
-    if (src == nullptr || src->allocated) return;
+    if (src == nullptr || src->allocated || !src->pending.empty()) return;
     pool(src->small).erase(src);
     if (dst->prev == src) {
       dst->ptr = src->ptr;
@@ -326,13 +412,15 @@ class DeviceAllocator {
       if (dst->next) dst->next->prev = dst;
     }
     dst->size += src->size;
+    dst->free_pos = std::max(dst->free_pos, src->free_pos);
     delete src;
   }
 
   void release_cached() {
     for (auto it = segments_.begin(); it != segments_.end();) {
       Block* head = it->second.head;
-      if (!head->allocated && head->next == nullptr) {
+      if (!head->allocated && head->next == nullptr && head->pending.empty() &&
+          stream_completed(device_, head->stream) >= head->free_pos) {
         pool(head->small).erase(head);
         const size_t sz = it->second.size_total;
         update_stat(stats_.segment, head->small, -1);
@@ -349,11 +437,21 @@ class DeviceAllocator {
   }
 
   Block* new_segment(bool small, size_t size, size_t requested, std::shared_ptr<c10::GatheredContext> ctx,
-                     std::unique_lock<std::mutex>& lock) {
+                     std::unique_lock<std::mutex>& lock, int stream) {
     const size_t seg = segment_size(size);
     if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > capacity_) {
       stats_.num_alloc_retries++;
       release_cached();
+      if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > capacity_ && worker_stream() < 0 &&
+          !all_idle()) {
+        // Cached segments may still be in use by queued kernels: wait for the device (not under our
+        // lock: kernels allocate too), then release what became free.
+        lock.unlock();
+        synchronize_device(device_, "sync: out-of-memory retry");
+        lock.lock();
+        process_pending();
+        release_cached();
+      }
     }
     char* ptr = nullptr;
     if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) <= capacity_) {
@@ -363,6 +461,7 @@ class DeviceAllocator {
       raise_oom(requested, seg, ctx, lock);
     }
     auto* b = new Block(device_, seg, ptr, small);
+    b->stream = stream;
     segments_[reinterpret_cast<uintptr_t>(ptr)] = Segment{b, seg};
     update_stat(stats_.segment, small, 1);
     update_stat(stats_.reserved_bytes, small, seg);
@@ -433,6 +532,7 @@ class DeviceAllocator {
   std::mutex mu_;
   std::set<Block*, BlockLess> small_free_, large_free_;
   std::unordered_map<char*, Block*> active_;
+  std::vector<Block*> pending_;  // freed, waiting for the streams they were recorded on
   std::map<uintptr_t, Segment> segments_;
   DeviceStats stats_;
   std::vector<TraceEntry> trace_;
@@ -616,6 +716,16 @@ void init_devices() {
 
 c10::Allocator* neuron_allocator() { return &g_neuron_allocator; }
 c10::DataPtr allocate_on(int device, size_t nbytes) { return get_device(device)->allocate(nbytes); }
+void record_block_stream(void* ptr, int device, int stream) {
+  check_stream(device, stream);
+  for (int d = 0; d < 64; ++d) {
+    DeviceAllocator* a = peek_device(d);
+    if (a != nullptr && a->owns(ptr)) {
+      a->record_use(ptr, stream);
+      return;
+    }
+  }
+}
 bool is_neuron_data_ptr(const c10::DataPtr& p) { return p.get_deleter() == &neuron_block_free; }
 
 int device_of_ptr(const void* ptr) {

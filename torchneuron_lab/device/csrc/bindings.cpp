@@ -147,6 +147,10 @@ py::dict recorder_read_columns_py() {
   d["flops"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.flops; });
   d["thread"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.thread; });
   d["stack"] = column<int32_t>(slots, [](const RecorderSlot& s) { return s.stack; });
+  d["stream"] = column<int32_t>(slots, [](const RecorderSlot& s) { return s.ev.stream; });
+  d["host_start_ns"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.host_start_ns; });
+  d["host_end_ns"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.host_end_ns; });
+  d["correlation"] = column<int64_t>(slots, [](const RecorderSlot& s) { return s.ev.correlation; });
   d["strings"] = strings_snapshot();
   d["stacks"] = recorder_stacks_py();
   py::list kinds, engines, directions;
@@ -183,8 +187,12 @@ py::dict recorder_read_py() {
     stack_dicts.push_back(frames);
   }
   py::list seq, kind, name, device, engine, start, end, br, bw, flops, newsig, shapes, dtypes, direction, subgraph,
-      thread, stack;
+      thread, stack, stream, host_start, host_end, correlation;
   for (const RecorderSlot& s : slots) {
+    stream.append(s.ev.stream);
+    host_start.append(s.ev.host_start_ns);
+    host_end.append(s.ev.host_end_ns);
+    correlation.append(s.ev.correlation);
     seq.append(s.seq);
     kind.append(kind_name(s.ev.kind));
     name.append(str(s.ev.name_id));
@@ -211,6 +219,8 @@ py::dict recorder_read_py() {
   d["start_ns"] = start; d["end_ns"] = end; d["bytes_read"] = br; d["bytes_written"] = bw; d["flops"] = flops;
   d["new_signature"] = newsig; d["shapes"] = shapes; d["dtypes"] = dtypes; d["direction"] = direction;
   d["subgraph"] = subgraph; d["thread"] = thread; d["stack"] = stack;
+  d["stream"] = stream; d["host_start_ns"] = host_start; d["host_end_ns"] = host_end;
+  d["correlation"] = correlation;
   return d;
 }
 
@@ -253,7 +263,7 @@ py::dict snapshot_py() {
       seg["allocated_size"] = allocated;
       seg["active_size"] = active;
       seg["requested_size"] = requested;
-      seg["stream"] = 0;
+      seg["stream"] = s.stream;
       seg["segment_type"] = s.small ? "small" : "large";
       seg["segment_pool_id"] = py::make_tuple(0, 0);
       seg["is_expandable"] = false;
@@ -444,17 +454,73 @@ void init_module(py::module& m) {
   m.def("device_count", &device_count);
   m.def("current_device", &current_device);
   m.def("set_device", [](int d) { set_current_device(d); });
+  // Asynchronous execution (queue.cpp). Waits release the GIL themselves.
   m.def("synchronize", [](int d) {
     check_device_index(d);
-    if (recording()) {
-      EventRecord ev;
-      ev.kind = EventKind::Sync;
-      ev.engine = Engine::Host;
-      ev.device = static_cast<int8_t>(d);
-      ev.name_id = intern_string("sync: torch.neuron.synchronize()");
-      ev.start_ns = ev.end_ns = now_ns();
-      push_event(ev);
-    }
+    synchronize_device(d, "sync: torch.neuron.synchronize()");
+  });
+  m.def("synchronize_stream", [](int d, int s) { synchronize_stream(d, s, "sync: Stream.synchronize()"); });
+  m.def("launch_blocking", &launch_blocking);
+  m.def("set_launch_blocking", &set_launch_blocking);
+  m.def("current_stream", [](int d) {
+    check_device_index(d);
+    return current_stream(d);
+  });
+  m.def("set_stream", [](int d, int s) { set_current_stream(d, s); });
+  m.def("stream_priority", &stream_priority);
+  m.def("stream_query", &stream_idle);
+  m.def("stream_counts", [](int d, int s) { return py::make_tuple(stream_enqueued(d, s), stream_completed(d, s)); });
+  // torch.cuda._sleep's counterpart for tests: a kernel that keeps the stream busy for `ms` milliseconds
+  // (it ends early if the device's queued work is dropped by Ctrl-C).
+  m.def("sleep", [](int d, double ms) {
+    check_device_index(d);
+    Work w;
+    w.device = d;
+    w.stream = current_stream(d);
+    static const int32_t name = intern_string("neuron::_sleep");
+    w.launch = begin_launch(name);
+    const bool rec = recording();
+    w.run = [ms, d, rec, stream = w.stream](const Launch& l) {
+      const uint64_t epoch = cancel_epoch(d);
+      const int64_t t0 = now_ns();
+      const int64_t until = t0 + static_cast<int64_t>(ms * 1e6);
+      while (now_ns() < until && cancel_epoch(d) == epoch) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      if (rec && recording()) {
+        EventRecord ev;
+        ev.kind = EventKind::Kernel;
+        ev.engine = Engine::Scalar;
+        ev.device = static_cast<int8_t>(d);
+        ev.name_id = l.name_id;
+        ev.start_ns = t0;
+        ev.end_ns = now_ns();
+        ev.stream = stream;
+        ev.host_start_ns = l.host_start_ns;
+        ev.host_end_ns = l.host_end_ns;
+        ev.correlation = l.id;
+        push_event_from(ev, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+      }
+    };
+    py::gil_scoped_release nogil;
+    enqueue(std::move(w));
+  }, py::arg("device"), py::arg("ms"));
+  m.def("drain", []() {
+    py::gil_scoped_release nogil;
+    drain_all();
+  });
+  // Event.elapsed_time for torch.neuron.Event (torch.Event's own method accepts only exact torch.Event
+  // objects): the events by their event_id (the address of their NeuronEvent).
+  m.def("event_elapsed_ms", [](int64_t a_id, int64_t b_id) {
+    auto* a = reinterpret_cast<NeuronEvent*>(a_id);
+    auto* b = reinterpret_cast<NeuronEvent*>(b_id);
+    TORCH_CHECK(a != nullptr && b != nullptr && a->pos != 0 && b->pos != 0,
+                "Both events must be recorded before calculating elapsed time.");
+    TORCH_CHECK(a->timing && b->timing, "Both events must be created with argument 'enable_timing=True'.");
+    TORCH_CHECK(event_done(a) && event_done(b), "Both events must be completed before calculating elapsed time.");
+    return static_cast<double>(b->time_ns.load() - a->time_ns.load()) / 1e6;
+  });
+  m.def("raise_async_error", [](int d) {
+    check_device_index(d);
+    raise_async_error(d);
   });
   m.def("now_ns", &now_ns);
 
@@ -498,8 +564,20 @@ void init_module(py::module& m) {
         py::arg("with_stack") = false, py::arg("keep_first") = 0);
   m.def("recorder_slot_bytes", &recorder_slot_bytes);
   m.def("recorder_read_columns", &recorder_read_columns_py);
-  m.def("recorder_stop", &recorder_stop);
-  m.def("recorder_clear", &recorder_clear);
+  m.def("recorder_stop", []() {
+    {
+      py::gil_scoped_release nogil;
+      drain_all();  // queued kernels record their events first
+    }
+    recorder_stop();
+  });
+  m.def("recorder_clear", []() {
+    {
+      py::gil_scoped_release nogil;
+      drain_all();
+    }
+    recorder_clear();
+  });
   m.def("recorder_enabled", []() { return (g_recording_flags.load() & kRecorderBit) != 0; });
   m.def("recorder_dropped", &recorder_dropped);
   m.def("recorder_read", &recorder_read_py);

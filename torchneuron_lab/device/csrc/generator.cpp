@@ -13,16 +13,22 @@
 namespace tnl {
 
 class NeuronGeneratorImpl final : public c10::GeneratorImpl {
+  // Random kernels draw from the engine when they run on a stream worker: the host reads or changes
+  // the state only after the queued ones have drawn (so seeds, offsets and states mean what they say).
+  static void settle() {
+    if (worker_stream() < 0) drain_all();
+  }
+
  public:
   explicit NeuronGeneratorImpl(int device, uint64_t seed = c10::default_rng_seed_val)
       : c10::GeneratorImpl(c10::Device(kNeuron, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
         engine_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
 
-  void set_current_seed(uint64_t seed) override { engine_.set_current_seed(seed); }
+  void set_current_seed(uint64_t seed) override { settle(); engine_.set_current_seed(seed); }
   // The offset is the position in the device's random stream: the number of 32-bit draws taken from
   // the engine since it was seeded. set_offset(n) restarts the stream from the current seed and skips n
   // draws; get_offset() finds the position of the current state (bounded search, see kMaxOffsetTwists).
-  void set_offset(uint64_t offset) override {
+  void set_offset(uint64_t offset) override { settle();
     TORCH_CHECK(offset <= kMaxOffset, "neuron Generator.set_offset: offset ", offset, " is beyond the supported ",
                 kMaxOffset, " draws");
     std::lock_guard<std::mutex> lock(cpu_impl()->mutex_);
@@ -32,7 +38,7 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
     cpu->set_current_seed(cpu->current_seed());  // also clears the cached normal samples
     cpu->set_engine(e);
   }
-  uint64_t get_offset() const override {
+  uint64_t get_offset() const override { settle();
     std::lock_guard<std::mutex> lock(cpu_impl()->mutex_);
     auto* cpu = cpu_impl();
     const at::mt19937_data_pod cur = cpu->engine().data();
@@ -50,12 +56,12 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
                 " draws from the seed (or the state was set with set_state from another seed)");
   }
   uint64_t current_seed() const override { return engine_.unsafeGetGeneratorImpl()->current_seed(); }
-  uint64_t seed() override { return engine_.seed(); }
-  void set_state(const c10::TensorImpl& new_state) override {
+  uint64_t seed() override { settle(); return engine_.seed(); }
+  void set_state(const c10::TensorImpl& new_state) override { settle();
     std::lock_guard<std::mutex> lock(engine_.mutex());
     engine_.unsafeGetGeneratorImpl()->set_state(new_state);
   }
-  c10::intrusive_ptr<c10::TensorImpl> get_state() const override {
+  c10::intrusive_ptr<c10::TensorImpl> get_state() const override { settle();
     std::lock_guard<std::mutex> lock(engine_.unsafeGetGeneratorImpl()->mutex_);
     return engine_.unsafeGetGeneratorImpl()->get_state();
   }
@@ -66,7 +72,7 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   at::CPUGeneratorImpl* cpu_impl() const { return static_cast<at::CPUGeneratorImpl*>(engine_.unsafeGetGeneratorImpl()); }
 
  private:
-  NeuronGeneratorImpl* clone_impl() const override {
+  NeuronGeneratorImpl* clone_impl() const override { settle();
     auto* g = new NeuronGeneratorImpl(device().index());
     g->engine_ = engine_.clone();
     return g;

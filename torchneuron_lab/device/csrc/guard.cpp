@@ -1,4 +1,5 @@
-// Device guard: a per-thread current device; one synchronous default stream per device.
+// Device guard: a per-thread current device and current stream per device; streams and events of the
+// asynchronous device (queue.cpp).
 #include "neuron.h"
 
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -30,29 +31,89 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() >= 0 && d.index() < device_count()) tls_current_device = d.index();
   }
+  // Streams (queue.cpp): id 0 is each device's default stream; every stream has its own FIFO queue and
+  // worker thread. The current stream is per thread and per device, as in CUDA.
   c10::Stream getStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    const int i = d.has_index() ? d.index() : current_device();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), current_stream(i));
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    return c10::Stream(c10::Stream::DEFAULT, d);
+    const int i = d.has_index() ? d.index() : current_device();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), 0);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool isHighPriority = false) const override {
+    const int i = d.has_index() ? d.index() : current_device();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), pool_stream(i, isHighPriority));
+  }
+  c10::Stream getNewStream(c10::Device d, int priority = 0) const override {
+    const int i = d.has_index() ? d.index() : current_device();
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), new_stream(i, priority));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
-    return c10::Stream(c10::Stream::DEFAULT, s.device());
+    const int i = s.device_index();
+    const c10::Stream old(c10::Stream::UNSAFE, c10::Device(kNeuron, i), current_stream(i));
+    set_current_stream(i, static_cast<int>(s.id()));
+    return old;
   }
   c10::DeviceIndex deviceCount() const noexcept override {
     return static_cast<c10::DeviceIndex>(device_count());
   }
-  // Kernels run synchronously on the host: events and streams are always complete.
-  void record(void** /*event*/, const c10::Stream& /*stream*/, const c10::DeviceIndex /*device_index*/,
-              const c10::EventFlag /*flag*/) const override {}
-  void block(void* /*event*/, const c10::Stream& /*stream*/) const override {}
-  bool queryEvent(void* /*event*/) const override { return true; }
-  void destroyEvent(void* /*event*/, const c10::DeviceIndex /*device_index*/) const noexcept override {}
-  bool queryStream(const c10::Stream& /*stream*/) const override { return true; }
-  void synchronizeStream(const c10::Stream& /*stream*/) const override {}
-  void synchronizeEvent(void* /*event*/) const override {}
-  void synchronizeDevice(const c10::DeviceIndex /*device_index*/) const override {}
-  void recordDataPtrOnStream(const c10::DataPtr& /*data_ptr*/, const c10::Stream& /*stream*/) const override {}
+  // Events: a marker at a stream position (queue.cpp). `flag` decides whether it stamps the time.
+  void record(void** event, const c10::Stream& stream, const c10::DeviceIndex device_index,
+              const c10::EventFlag flag) const override {
+    TORCH_CHECK(device_index == -1 || device_index == stream.device_index(), "Event device index ",
+                static_cast<int>(device_index), " does not match recording stream's device index ",
+                static_cast<int>(stream.device_index()), ".");
+    auto* ev = static_cast<NeuronEvent*>(*event);
+    if (ev == nullptr) {
+      ev = new NeuronEvent();
+      ev->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+      *event = ev;
+    }
+    record_event(ev, stream.device_index(), static_cast<int>(stream.id()));
+  }
+  void block(void* event, const c10::Stream& stream) const override {
+    stream_wait_event(stream.device_index(), static_cast<int>(stream.id()), static_cast<NeuronEvent*>(event));
+  }
+  bool queryEvent(void* event) const override { return event_done(static_cast<NeuronEvent*>(event)); }
+  void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
+    auto* ev = static_cast<NeuronEvent*>(event);
+    if (ev == nullptr) return;
+    // Its marker may still be queued (it writes the event's time when it runs): wait for it first.
+    try {
+      if (ev->pos != 0 && !in_bad_fork()) wait_position(ev->device, ev->stream, ev->pos, "sync: Event destroyed");
+    } catch (...) {
+    }
+    delete ev;
+  }
+  bool queryStream(const c10::Stream& s) const override {
+    return stream_idle(s.device_index(), static_cast<int>(s.id()));
+  }
+  void synchronizeStream(const c10::Stream& s) const override {
+    synchronize_stream(s.device_index(), static_cast<int>(s.id()), "sync: Stream.synchronize()");
+  }
+  void synchronizeEvent(void* event) const override {
+    auto* ev = static_cast<NeuronEvent*>(event);
+    if (ev == nullptr || ev->pos == 0) return;
+    wait_position(ev->device, ev->stream, ev->pos, "sync: Event.synchronize()");
+  }
+  void synchronizeDevice(const c10::DeviceIndex device_index) const override {
+    synchronize_device(device_index < 0 ? current_device() : device_index, "sync: torch.neuron.synchronize()");
+  }
+  void recordDataPtrOnStream(const c10::DataPtr& data_ptr, const c10::Stream& s) const override {
+    if (data_ptr.get() == nullptr) return;
+    record_block_stream(data_ptr.get(), s.device_index(), static_cast<int>(s.id()));
+  }
+  double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
+    auto* a = static_cast<NeuronEvent*>(start);
+    auto* b = static_cast<NeuronEvent*>(end);
+    TORCH_CHECK(a != nullptr && b != nullptr && a->pos != 0 && b->pos != 0,
+                "Both events must be recorded before calculating elapsed time.");
+    TORCH_CHECK(a->timing && b->timing, "Both events must be created with argument 'enable_timing=True'.");
+    TORCH_CHECK(event_done(a) && event_done(b),
+                "Both events must be completed before calculating elapsed time.");
+    return static_cast<double>(b->time_ns.load() - a->time_ns.load()) / 1e6;
+  }
 };
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, NeuronGuardImpl);

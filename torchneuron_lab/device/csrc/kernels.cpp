@@ -13,6 +13,8 @@
 // Native kernels cover allocation, views, copies (DMA), item() (sync), resize_ and set_.
 #include "neuron.h"
 
+#include <ATen/MemoryOverlap.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
@@ -68,7 +70,47 @@ struct OpMeta {
   bool sync = false;       // output shape depends on device data: the host waits
   bool allow_cpu_tensors = false;
   bool rng_without_generator = false;  // seeded-random op with no Generator argument (e.g. native_dropout)
+  // Asynchronous launch (queue.cpp): every return is a Tensor, Tensor[] or Tensor? (a value return needs
+  // the data: the host waits); `out_op` is the op's out= variant whose CPU kernel writes straight into
+  // outputs the host allocated (zero copy), when one exists.
+  bool async_ok = false;
+  std::optional<c10::OperatorHandle> out_op;
 };
+
+// The out= overload of a functional op: the same leading arguments (names and types) followed by one
+// written Tensor per return, with a CPU kernel. Found once per operator.
+std::optional<c10::OperatorHandle> find_out_variant(const c10::OperatorHandle& op) {
+  static const std::unordered_map<std::string, std::vector<c10::OperatorName>> by_name = [] {
+    std::unordered_map<std::string, std::vector<c10::OperatorName>> m;
+    for (const auto& n : c10::Dispatcher::singleton().getAllOpNames()) m[n.name].push_back(n);
+    return m;
+  }();
+  const c10::FunctionSchema& f = op.schema();
+  const auto& fr = f.returns();
+  if (fr.empty()) return std::nullopt;
+  for (const auto& r : fr)
+    if (r.type()->kind() != c10::TypeKind::TensorType || r.alias_info()) return std::nullopt;
+  for (const auto& a : f.arguments())
+    if (a.alias_info() && a.alias_info()->isWrite()) return std::nullopt;
+  auto it = by_name.find(f.name());
+  if (it == by_name.end()) return std::nullopt;
+  const auto& fa = f.arguments();
+  for (const auto& name : it->second) {
+    if (name.overload_name == f.overload_name()) continue;
+    auto h = c10::Dispatcher::singleton().findSchema(name);
+    if (!h.has_value()) continue;
+    const auto& oa = h->schema().arguments();
+    if (oa.size() != fa.size() + fr.size()) continue;
+    bool ok = true;
+    for (size_t i = 0; i < fa.size() && ok; ++i)
+      ok = oa[i].name() == fa[i].name() && oa[i].type()->str() == fa[i].type()->str();
+    for (size_t i = fa.size(); i < oa.size() && ok; ++i)
+      ok = oa[i].kwarg_only() && oa[i].type()->kind() == c10::TypeKind::TensorType && oa[i].alias_info() &&
+           oa[i].alias_info()->isWrite();
+    if (ok && h->hasKernelForDispatchKey(c10::DispatchKey::CPU)) return h;
+  }
+  return std::nullopt;
+}
 
 const std::unordered_set<std::string>& names_in(const char* which) {
   static const std::unordered_map<std::string, std::unordered_set<std::string>> sets = {
@@ -184,6 +226,18 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
   }
   m.view_only = all_alias && !m.any_write;
   m.rng_without_generator = m.gen_args.empty() && op.hasTag(at::Tag::nondeterministic_seeded);
+  m.async_ok = !m.sync && !m.view_only && !m.rng_without_generator;
+  for (const auto& r : s.returns()) {
+    const auto k = r.type()->kind();
+    const bool tensor_like =
+        k == c10::TypeKind::TensorType ||
+        (k == c10::TypeKind::ListType &&
+         r.type()->castRaw<c10::ListType>()->getElementType()->kind() == c10::TypeKind::TensorType) ||
+        (k == c10::TypeKind::OptionalType &&
+         r.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType);
+    if (!tensor_like) m.async_ok = false;
+  }
+  if (m.async_ok) m.out_op = find_out_variant(op);
   return m;
 }
 
@@ -421,6 +475,466 @@ std::string layout_label(const at::Tensor& t) {
 // ------------------------------------------------------------------------------------------------
 // The fallback
 
+// ------------------------------------------------------------------------------------------------
+// Asynchronous launch (queue.cpp; README.md "Asynchronous execution")
+//
+// The host computes the outputs' metadata with the op's Meta kernel on meta twins of the arguments
+// (twins of arguments sharing a storage share one meta storage with the same address, so ATen's overlap
+// checks and shape errors are raised at the launch, as on CPU and CUDA), allocates the outputs on the
+// current stream, and enqueues the CPU kernel on CPU aliases. Ops whose results cannot be known without
+// the data (no Meta kernel, data-dependent shapes, value returns, out= tensors to resize, outputs that
+// alias inputs) return false: the host then waits for the stream and runs them itself.
+
+at::Tensor meta_twin(const at::Tensor& a, std::vector<std::pair<c10::StorageImpl*, c10::Storage>>& storages) {
+  c10::StorageImpl* st = a.storage().unsafeGetStorageImpl();
+  c10::Storage ms;
+  for (auto& p : storages)
+    if (p.first == st) ms = p.second;
+  if (!ms) {
+    // The address is the real one (never dereferenced: meta kernels read no data) so overlap checks hold.
+    ms = c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+        c10::StorageImpl::use_byte_size_t(), st->nbytes(),
+        c10::DataPtr(const_cast<void*>(st->data_ptr().get()), c10::Device(c10::kMeta)),
+        c10::GetAllocator(c10::kMeta), st->resizable()));
+    storages.emplace_back(st, ms);
+  }
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(ms), c10::DispatchKeySet(c10::DispatchKey::Meta),
+                                                   a.dtype());
+  impl->set_sizes_and_strides(a.sizes(), a.strides(), a.storage_offset());
+  if (a.is_conj()) impl->_set_conj(true);
+  if (a.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes().equals(b.sizes()) && a.strides().equals(b.strides()) &&
+         a.storage_offset() == b.storage_offset() && a.storage().nbytes() == b.storage().nbytes();
+}
+
+// What a launch of an op with given argument metadata produces, found by its Meta kernel once and
+// cached: the Meta kernels of many ops are Python (torch._meta_registrations, ~100 us a call), and
+// output metadata depends only on the arguments' metadata and values of non-tensor arguments, which
+// make the key (with the aliasing pattern of the arguments).
+struct LaunchPlan {
+  static constexpr int kNone = -2, kSingle = -1;
+  bool host_path = false;        // results need the data (or the Meta kernel failed): run on the host
+  std::vector<int> ret_sizes;    // per return: kNone, kSingle, or the length of a Tensor[]
+  struct Out {
+    enum Kind : uint8_t { Undefined, Input, New } kind = Undefined;
+    int input = -1;              // Input: index into the call's aliased arguments
+    std::vector<int64_t> sizes, strides;
+    at::ScalarType dtype = at::kFloat;
+  };
+  std::vector<Out> outs;         // flattened returns
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const {
+    uint64_t h = 1469598103934665603ull;
+    for (int64_t v : k) h = (h ^ static_cast<uint64_t>(v)) * 1099511628211ull;
+    return static_cast<size_t>(h);
+  }
+};
+std::mutex g_plans_mu;
+std::unordered_map<std::vector<int64_t>, std::shared_ptr<const LaunchPlan>, KeyHash> g_plans;
+constexpr size_t kMaxPlans = 1 << 16;
+
+std::shared_ptr<const LaunchPlan> find_plan(const std::vector<int64_t>& key) {
+  std::lock_guard<std::mutex> lock(g_plans_mu);
+  auto it = g_plans.find(key);
+  return it == g_plans.end() ? nullptr : it->second;
+}
+void store_plan(std::vector<int64_t> key, std::shared_ptr<const LaunchPlan> plan) {
+  std::lock_guard<std::mutex> lock(g_plans_mu);
+  if (g_plans.size() >= kMaxPlans) g_plans.clear();  // a bound, not an LRU: plans are cheap to remake
+  g_plans.emplace(std::move(key), std::move(plan));
+}
+
+void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& k) {
+  if (!t.defined()) {
+    k.push_back(-1);
+    return;
+  }
+  int group = -1;  // arguments sharing a storage: the first aliased argument with that storage
+  if (t.device().type() == c10::kCPU) {
+    for (size_t i = 0; i < cs.ins.size(); ++i)
+      if (cs.ins[i].alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        for (size_t j = 0; j <= i; ++j)
+          if (cs.ins[j].alias_storage == cs.ins[i].alias_storage) {
+            group = static_cast<int>(j);
+            break;
+          }
+        break;
+      }
+  }
+  k.push_back(group == -1 ? (t.is_cpu() ? -3 : -4) : group);
+  k.push_back(static_cast<int64_t>(t.scalar_type()));
+  k.push_back(t.dim());
+  for (int64_t v : t.sizes()) k.push_back(v);
+  for (int64_t v : t.strides()) k.push_back(v);
+  k.push_back(t.storage_offset());
+  k.push_back((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0) | (t._is_zerotensor() ? 4 : 0) |
+              (t.unsafeGetTensorImpl()->is_wrapped_number() ? 8 : 0));
+  if (group >= 0) k.push_back(static_cast<int64_t>(cs.ins[group].nbytes));
+}
+
+// The cache key of a launch, or false for arguments it does not describe (then no cache).
+bool plan_key(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base, size_t nargs,
+              const CallState& cs, std::vector<int64_t>& k) {
+  k.reserve(32);
+  k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&schema)));
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = stack[base + i];
+    if (v.isTensor()) {
+      k.push_back(-101);
+      key_tensor(v.toTensor(), cs, k);
+    } else if (v.isTensorList()) {
+      k.push_back(-102);
+      auto l = v.toTensorList();
+      k.push_back(static_cast<int64_t>(l.size()));
+      for (const at::Tensor& t : l) key_tensor(t, cs, k);
+    } else if (v.isOptionalTensorList()) {
+      k.push_back(-103);
+      auto l = v.toOptionalTensorList();
+      k.push_back(static_cast<int64_t>(l.size()));
+      for (const std::optional<at::Tensor>& t : l) key_tensor(t.has_value() ? *t : at::Tensor(), cs, k);
+    } else if (v.isNone()) {
+      k.push_back(-104);
+    } else if (v.isInt()) {
+      k.push_back(-105);
+      k.push_back(v.toInt());
+    } else if (v.isBool()) {
+      k.push_back(-106);
+      k.push_back(v.toBool() ? 1 : 0);
+    } else if (v.isDouble()) {
+      k.push_back(-107);
+      const double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);
+      k.push_back(bits);
+    } else if (v.isIntList()) {
+      k.push_back(-108);
+      auto l = v.toIntList();
+      k.push_back(static_cast<int64_t>(l.size()));
+      for (int64_t x : l) k.push_back(x);
+    } else if (v.isScalar()) {
+      k.push_back(-109);
+      const c10::Scalar sc = v.toScalar();
+      k.push_back(static_cast<int64_t>(sc.type()));
+      if (sc.isIntegral(false)) k.push_back(sc.toLong());
+      else if (sc.isBoolean()) k.push_back(sc.toBool());
+      else if (sc.isFloatingPoint()) {
+        const double d = sc.toDouble();
+        int64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        k.push_back(bits);
+      } else {
+        return false;  // complex / symbolic scalars: not cached
+      }
+    } else if (v.isDevice()) {
+      k.push_back(-110);
+      k.push_back(static_cast<int64_t>(v.toDevice().type()) * 1000 + v.toDevice().index());
+    } else if (v.isGenerator()) {
+      k.push_back(-111);
+    } else if (v.isString()) {
+      k.push_back(-112);
+      k.push_back(static_cast<int64_t>(std::hash<std::string_view>()(v.toStringView())));
+      k.push_back(static_cast<int64_t>(v.toStringView().size()));
+    } else if (v.isDoubleList()) {
+      k.push_back(-113);
+      auto l = v.toDoubleList();
+      k.push_back(static_cast<int64_t>(l.size()));
+      for (double d : l) {
+        int64_t bits;
+        std::memcpy(&bits, &d, sizeof bits);
+        k.push_back(bits);
+      }
+    } else if (v.isBoolList()) {
+      k.push_back(-114);
+      auto l = v.toBoolList();
+      k.push_back(static_cast<int64_t>(l.size()));
+      for (bool b : l) k.push_back(b ? 1 : 0);
+    } else {
+      return false;
+    }
+  }
+  (void)schema;
+  return true;
+}
+
+// Runs the op's Meta kernel on meta twins of the arguments and records what the launch produces.
+std::shared_ptr<const LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMeta& meta,
+                                            const torch::jit::Stack& stack, size_t base, size_t nargs,
+                                            const CallState& cs) {
+  auto plan = std::make_shared<LaunchPlan>();
+  plan->host_path = true;
+  std::vector<std::pair<c10::StorageImpl*, c10::Storage>> mstorages;
+  c10::SmallVector<std::pair<at::Tensor, size_t>, 6> twins;  // meta twin, index into cs.ins
+  auto twin_of = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined()) return t;
+    for (size_t k = 0; k < cs.ins.size(); ++k)
+      if (cs.ins[k].alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        at::Tensor m = meta_twin(t, mstorages);
+        twins.emplace_back(m, k);
+        return m;
+      }
+    return t;  // a CPU tensor read as a scalar, or an allowed CPU argument
+  };
+  torch::jit::Stack mstack;
+  mstack.reserve(nargs);
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = stack[base + i];
+    if (v.isTensor()) {
+      mstack.emplace_back(twin_of(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(twin_of(t));
+      mstack.emplace_back(std::move(l));
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList()) {
+        if (t.has_value() && t->defined()) l.push_back(twin_of(*t));
+        else l.push_back(std::nullopt);
+      }
+      mstack.emplace_back(std::move(l));
+    } else if (v.isDevice() && std::find(meta.device_args.begin(), meta.device_args.end(), static_cast<int>(i)) !=
+                                   meta.device_args.end()) {
+      mstack.emplace_back(c10::Device(c10::kMeta));
+    } else {
+      mstack.push_back(v);
+    }
+  }
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
+  } catch (...) {
+    // No Meta kernel, a data-dependent shape, or a real error of the arguments (shapes, dtypes): the
+    // host path runs the CPU kernel, which raises its own error at once.
+    return plan;
+  }
+  // Written arguments must keep their geometry (an out= tensor to resize: the host path does it).
+  for (const auto& [m, k] : twins)
+    if (cs.ins[k].writable && !same_geometry(m, cs.ins[k].alias)) return plan;
+  const size_t nret = op.schema().returns().size();
+  if (mstack.size() != nret) return plan;
+  std::vector<c10::StorageImpl*> out_storages;
+  auto add = [&](const at::Tensor& m) -> bool {
+    LaunchPlan::Out o;
+    if (!m.defined()) {
+      plan->outs.push_back(o);
+      return true;
+    }
+    for (const auto& [tw, k] : twins)
+      if (tw.unsafeGetTensorImpl() == m.unsafeGetTensorImpl()) {
+        o.kind = LaunchPlan::Out::Input;
+        o.input = static_cast<int>(k);
+        plan->outs.push_back(o);
+        return true;
+      }
+    c10::StorageImpl* ms = m.storage().unsafeGetStorageImpl();
+    for (const auto& p : mstorages)
+      if (p.second.unsafeGetStorageImpl() == ms) return false;  // a view of an input
+    if (std::find(out_storages.begin(), out_storages.end(), ms) != out_storages.end()) return false;
+    if (m.storage_offset() != 0 || m.layout() != at::kStrided || m.is_quantized()) return false;
+    out_storages.push_back(ms);
+    o.kind = LaunchPlan::Out::New;
+    o.sizes = m.sizes().vec();
+    o.strides = m.strides().vec();
+    o.dtype = m.scalar_type();
+    plan->outs.push_back(std::move(o));
+    return true;
+  };
+  for (size_t r = 0; r < nret; ++r) {
+    const c10::IValue& mv = mstack[r];
+    if (mv.isTensor()) {
+      if (!add(mv.toTensor())) return plan;
+      plan->ret_sizes.push_back(LaunchPlan::kSingle);
+    } else if (mv.isTensorList()) {
+      auto l = mv.toTensorList();
+      for (const at::Tensor& m : l)
+        if (!add(m)) return plan;
+      plan->ret_sizes.push_back(static_cast<int>(l.size()));
+    } else if (mv.isNone()) {
+      plan->ret_sizes.push_back(LaunchPlan::kNone);
+    } else {
+      return plan;
+    }
+  }
+  plan->host_path = false;
+  return plan;
+}
+
+bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit::Stack* stack, size_t base,
+                  size_t nargs, CallState& cs, bool new_sig, bool rec, int64_t bytes_read,
+                  const std::vector<at::Tensor>& in_for_flops) {
+  const auto& schema = op.schema();
+  // A written argument that shares memory with another argument, or overlaps itself: the CPU kernel's
+  // own overlap checks decide, at once, on the host path (Meta kernels do not all make them).
+  for (size_t k = 0; k < cs.ins.size(); ++k) {
+    if (!cs.ins[k].writable) continue;
+    if (at::has_internal_overlap(cs.ins[k].alias) == at::MemOverlap::Yes) return false;
+    for (size_t j = 0; j < cs.ins.size(); ++j)
+      if (j != k && cs.ins[j].alias_storage == cs.ins[k].alias_storage) return false;
+  }
+  auto alias_index = [&](const at::Tensor& t) -> int {
+    for (size_t k = 0; k < cs.ins.size(); ++k)
+      if (cs.ins[k].alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return static_cast<int>(k);
+    return -1;
+  };
+  std::vector<int64_t> key;
+  const bool keyed = plan_key(schema, *stack, base, nargs, cs, key);
+  std::shared_ptr<const LaunchPlan> plan = keyed ? find_plan(key) : nullptr;
+  if (!plan) {
+    plan = make_plan(op, meta, *stack, base, nargs, cs);
+    if (keyed) store_plan(std::move(key), plan);
+  }
+  if (plan->host_path) return false;
+
+  const size_t nret = schema.returns().size();
+  struct NewOut {
+    at::Tensor neuron;
+    at::Tensor alias;
+  };
+  c10::SmallVector<NewOut, 2> outs;
+  std::vector<c10::IValue> results(nret);
+  std::vector<at::Tensor> copy_targets;  // per returned tensor, flattened: where its data must land
+  c10::DeviceGuard guard(c10::Device(kNeuron, cs.device));
+  size_t next = 0;
+  auto output = [&]() -> at::Tensor {
+    const LaunchPlan::Out& o = plan->outs[next++];
+    if (o.kind == LaunchPlan::Out::Undefined) {
+      copy_targets.emplace_back();
+      return at::Tensor();
+    }
+    if (o.kind == LaunchPlan::Out::Input) {
+      copy_targets.emplace_back();
+      return cs.ins[o.input].original;  // in-place / out=: the argument itself
+    }
+    at::Tensor t = at::detail::empty_strided_generic(o.sizes, o.strides, neuron_allocator(),
+                                                     c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), o.dtype);
+    outs.push_back({t, cpu_alias(t)});
+    copy_targets.push_back(outs.back().alias);
+    return t;
+  };
+  for (size_t r = 0; r < nret; ++r) {
+    const int n = plan->ret_sizes[r];
+    if (n == LaunchPlan::kNone) {
+      results[r] = c10::IValue();
+      copy_targets.emplace_back();
+    } else if (n == LaunchPlan::kSingle) {
+      results[r] = output();
+    } else {
+      c10::List<at::Tensor> l;
+      for (int i = 0; i < n; ++i) l.push_back(output());
+      results[r] = std::move(l);
+    }
+  }
+
+  // The kernel's arguments: CPU aliases; CPU tensors (scalars) are copied now, as a launch copies its
+  // arguments, so the host may change them afterwards.
+  std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  for (c10::IValue& v : args) {
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (t.defined() && t.is_cpu() && alias_index(t) < 0 && !t._is_zerotensor()) v = t.clone();
+    }
+  }
+  const bool use_out = meta.out_op.has_value() && outs.size() == nret;
+  std::vector<at::Tensor> out_aliases;
+  out_aliases.reserve(outs.size());
+  for (const auto& o : outs) out_aliases.push_back(o.alias);
+
+  EventRecord ev;
+  if (rec) {
+    int64_t bytes_written = 0;
+    for (const auto& o : outs) bytes_written += nbytes_of(o.neuron);
+    for (const auto& in : cs.ins)
+      if (in.writable) bytes_written += nbytes_of(in.original);
+    at::Tensor out0 = results.empty() || !results[0].isTensor() ? at::Tensor() : results[0].toTensor();
+    ev.kind = EventKind::Kernel;
+    ev.engine = meta.engine;
+    ev.device = static_cast<int8_t>(cs.device);
+    ev.name_id = meta.name_id;
+    ev.bytes_read = bytes_read;
+    ev.bytes_written = bytes_written;
+    ev.new_signature = new_sig;
+    if (meta.flops != Flops::None && out0.defined()) ev.flops = compute_flops(meta.flops, in_for_flops, out0);
+    if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
+    if (record_shapes_enabled() && ev.shapes_id < 0) {
+      std::ostringstream sh, dt;
+      bool first = true;
+      for (const auto& in : cs.ins) {
+        sh << (first ? "" : ", ") << shape_str(in.original.sizes());
+        dt << (first ? "" : ", ") << dtype_name(in.original.scalar_type());
+        first = false;
+      }
+      ev.shapes_id = intern_string(sh.str());
+      ev.dtypes_id = intern_string(dt.str());
+    }
+  } else if (new_sig) {
+    int32_t a, b;
+    take_pending_signature(meta.name_id, &a, &b);
+  }
+
+  Work w;
+  w.device = cs.device;
+  w.stream = current_stream(cs.device);
+  w.launch = begin_launch(meta.name_id);
+  const int device = cs.device;
+  const std::string name = meta.name;
+  c10::OperatorHandle kernel = use_out ? *meta.out_op : op;
+  w.run = [kernel, args = std::move(args), out_aliases = std::move(out_aliases), use_out, rec, ev, device,
+           name, stream = w.stream, copy_targets = std::move(copy_targets)](const Launch& l) mutable {
+    torch::jit::Stack st(args.begin(), args.end());
+    if (use_out)
+      for (const at::Tensor& a : out_aliases) st.emplace_back(a);
+    const int64_t t0 = now_ns();
+    try {
+      RedirectGuard redirect(device);
+      kernel.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &st);
+      if (!use_out) {
+        // Results the CPU kernel allocated land in the outputs the host allocated (returns flattened in
+        // order; undefined targets are arguments returned in place).
+        size_t k = 0;
+        auto land = [&](const at::Tensor& t) {
+          if (k < copy_targets.size()) {
+            const at::Tensor& dst = copy_targets[k];
+            if (dst.defined() && t.defined() && dst.data_ptr() != t.data_ptr()) {
+              RedirectGuard none(-1);
+              dst.copy_(t);
+            }
+          }
+          ++k;
+        };
+        for (const c10::IValue& v : st) {
+          if (v.isTensor()) land(v.toTensor());
+          else if (v.isTensorList())
+            for (const at::Tensor& t : v.toTensorList()) land(t);
+          else ++k;
+        }
+      }
+    } catch (c10::Error& e) {
+      e.add_context("while running " + name + " on neuron:" + std::to_string(device) + " (stream " +
+                    std::to_string(stream) + ", emulated NeuronCore, host kernels)");
+      throw;
+    }
+    const int64_t t1 = now_ns();
+    if (rec && recording()) {
+      EventRecord e = ev;
+      e.start_ns = t0;
+      e.end_ns = t1;
+      e.stream = stream;
+      e.host_start_ns = l.host_start_ns;
+      e.host_end_ns = l.host_end_ns;
+      e.correlation = l.id;
+      push_event_from(e, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+    }
+  };
+  enqueue(std::move(w));
+  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  for (auto& r : results) stack->push_back(std::move(r));
+  return true;
+}
+
 void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
   check_not_in_bad_fork();
   const OpMeta& meta = op_meta(op);
@@ -529,6 +1043,16 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       o << ")";
       return o.str();
     });
+  }
+
+  // Asynchronous launch; otherwise (a view, a sync op, results that need the data) the host runs the op
+  // itself, after waiting for its stream unless the op only makes a view.
+  if (worker_stream() < 0) {
+    // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every kernel runs on the host at its launch (errors raised there)
+    if (meta.async_ok && !cs.cpu_outputs && !launch_blocking() &&
+        launch_async(op, meta, stack, base, nargs, cs, new_sig, rec, bytes_read, in_for_flops))
+      return;
+    if (!meta.view_only) synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str());
   }
 
   // Random ops without a Generator argument draw from the CPU default generator inside host kernels:
@@ -655,17 +1179,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       ev.shapes_id = intern_string(sh.str());
       ev.dtypes_id = intern_string(dt.str());
     }
+    ev.stream = current_stream(cs.device);
     push_event(ev);
-    if (meta.sync) {
-      EventRecord s;
-      s.kind = EventKind::Sync;
-      s.engine = Engine::Host;
-      s.device = static_cast<int8_t>(cs.device);
-      s.name_id = meta.name_id;
-      s.start_ns = t1;
-      s.end_ns = now_ns();
-      push_event(s);
-    }
   }
 }
 
@@ -675,8 +1190,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
 // torch.use_deterministic_algorithms(True): uninitialised memory is filled (NaN, or the integer maximum),
 // as CPU and CUDA do, unless torch.utils.deterministic.fill_uninitialized_memory is False.
 void fill_if_deterministic(at::Tensor& t) {
-  if (at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory())
+  if (at::globalContext().deterministicAlgorithms() && at::globalContext().deterministicFillUninitializedMemory()) {
+    // the fill goes through the fallback: launched on the stream like any kernel
     at::native::fill_empty_deterministic_(t);
+  }
 }
 
 int device_index_of(std::optional<c10::Device> d) {
@@ -750,7 +1267,7 @@ at::Tensor efficientzerotensor(c10::IntArrayRef size, std::optional<at::ScalarTy
   return at::detail::empty_generic(size, zeros[d].get(), ks, c10::dtype_or_default(dtype), std::nullopt);
 }
 
-void record_dma(const char* name, Direction dir, int device, int64_t t0, int64_t t1, int64_t bytes) {
+EventRecord dma_event(const char* name, Direction dir, int device, int64_t t0, int64_t t1, int64_t bytes) {
   EventRecord ev;
   ev.kind = EventKind::Dma;
   ev.engine = Engine::Dma;
@@ -765,50 +1282,87 @@ void record_dma(const char* name, Direction dir, int device, int64_t t0, int64_t
   ev.end_ns = t1;
   ev.bytes_read = bytes;
   ev.bytes_written = bytes;
-  push_event(ev);
+  return ev;
 }
 
-void record_sync(const char* what, int device, int64_t t0, int64_t t1) {
-  EventRecord ev;
-  ev.kind = EventKind::Sync;
-  ev.engine = Engine::Host;
-  ev.device = static_cast<int8_t>(device);
-  ev.name_id = intern_string(what);
-  ev.start_ns = t0;
-  ev.end_ns = t1;
-  push_event(ev);
+void record_dma(const char* name, Direction dir, int device, int64_t t0, int64_t t1, int64_t bytes) {
+  push_event(dma_event(name, dir, device, t0, t1, bytes));
 }
 
-at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool /*non_blocking*/) {
+
+// Copies follow PyTorch's CUDA copy: device-to-device copies are launched on the destination's current
+// stream; a host<->device copy with non_blocking=False waits for the stream (the copy runs after the work
+// launched before it, and the host gets the data); with non_blocking=True it is launched too (a pageable
+// host source is staged, copied at the launch, as cudaMemcpyAsync does; a pinned one is read by the DMA).
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   check_not_in_bad_fork();
   const bool src_n = self.device().type() == kNeuron;
   const bool dst_n = dst.device().type() == kNeuron;
   TORCH_CHECK(src_n || self.is_cpu(), "copy from ", self.device(), " to ", dst.device(), " is not supported");
   TORCH_CHECK(dst_n || dst.is_cpu(), "copy from ", self.device(), " to ", dst.device(), " is not supported");
-  const bool rec = recording();
-  const int64_t t0 = rec ? now_ns() : 0;
+  const int dev = dst_n ? dst.device().index() : self.device().index();
+  const Direction dir = src_n && dst_n ? Direction::D2D : dst_n ? Direction::H2D : Direction::D2H;
+  const char* dname = src_n && dst_n ? (self.device() == dst.device() ? "copy" : "d2d") : dst_n ? "h2d" : "d2h";
   at::Tensor s = src_n ? cpu_alias(self) : self;
   // src and dst sharing a neuron storage share one CPU storage, so the copy's overlap checks hold
   at::Tensor d = !dst_n ? dst
                  : (src_n && self.storage().unsafeGetStorageImpl() == dst.storage().unsafeGetStorageImpl())
                      ? cpu_view_on(dst, s.storage())
                      : cpu_alias(dst);
+  // a copy between overlapping memory is checked by the CPU copy itself, on the host path
+  const bool overlapping = src_n && dst_n && self.storage().unsafeGetStorageImpl() == dst.storage().unsafeGetStorageImpl();
+  if (src_n && dst_n && self.device() != dst.device())
+    synchronize_stream(self.device().index(), current_stream(self.device().index()), "sync: device→device copy");
+  const bool async =
+      worker_stream() < 0 && !launch_blocking() && !overlapping && ((src_n && dst_n) || non_blocking);
+  if (async) {
+    // the same checks the copy makes, at the launch (shapes, overlap), on meta twins
+    {
+      std::vector<std::pair<c10::StorageImpl*, c10::Storage>> ms;
+      at::Tensor md = dst_n ? meta_twin(d, ms) : at::empty_strided(dst.sizes(), dst.strides(), dst.options().device(c10::kMeta));
+      at::Tensor msrc = src_n ? meta_twin(s, ms) : at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
+      md.copy_(msrc);
+    }
+    if (!src_n && !is_pinned_host_ptr(self.data_ptr())) s = self.clone();  // staged now
+    const bool rec = recording();
+    const int64_t bytes = nbytes_of(dst);
+    Work w;
+    w.device = dev;
+    w.stream = current_stream(dev);
+    static const int32_t copy_id = intern_string("aten::copy_");
+    w.launch = begin_launch(copy_id);
+    w.run = [s, d, dir, dname, dev, bytes, rec, stream = w.stream](const Launch& l) {
+      const int64_t t0 = now_ns();
+      {
+        RedirectGuard redirect(-1);
+        d.copy_(s);
+      }
+      if (rec && recording()) {
+        EventRecord ev = dma_event(dname, dir, dev, t0, now_ns(), bytes);
+        ev.stream = stream;
+        ev.host_start_ns = l.host_start_ns;
+        ev.host_end_ns = l.host_end_ns;
+        ev.correlation = l.id;
+        push_event_from(ev, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+      }
+    };
+    enqueue(std::move(w));
+    return dst;
+  }
+  if (worker_stream() < 0)
+    synchronize_stream(dev, current_stream(dev), dir == Direction::D2H ? "sync: device→host copy" : dir == Direction::H2D
+                                                                            ? "sync: host→device copy"
+                                                                            : "sync: device→device copy");
+  const bool rec = recording();
+  const int64_t t0 = rec ? now_ns() : 0;
   {
     RedirectGuard redirect(-1);
     d.copy_(s);
   }
   if (rec) {
-    const int64_t t1 = now_ns();
-    const int64_t bytes = nbytes_of(dst);
-    if (src_n && dst_n) {
-      const bool same = self.device() == dst.device();
-      record_dma(same ? "copy" : "d2d", Direction::D2D, dst.device().index(), t0, t1, bytes);
-    } else if (dst_n) {
-      record_dma("h2d", Direction::H2D, dst.device().index(), t0, t1, bytes);
-    } else {
-      record_dma("d2h", Direction::D2H, self.device().index(), t0, t1, bytes);
-      record_sync("sync: device→host copy", self.device().index(), t1, now_ns());
-    }
+    EventRecord ev = dma_event(dname, dir, dev, t0, now_ns(), nbytes_of(dst));
+    ev.stream = current_stream(dev);
+    push_event(ev);
   }
   return dst;
 }
@@ -846,6 +1400,13 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   c10::DeviceGuard guard(self.device());
   prepare_storage_for_resize(self);
+  // Growing the storage copies its bytes on the host: queued kernels writing them must finish first.
+  uint64_t need = self.dtype().itemsize();
+  bool overflow = false;
+  for (int64_t v : size) overflow |= v < 0 || c10::mul_overflows(need, static_cast<uint64_t>(v), &need);
+  overflow |= c10::add_overflows(need, static_cast<uint64_t>(self.storage_offset()) * self.dtype().itemsize(), &need);
+  if (self.has_storage() && (overflow || need > self.storage().nbytes()) && worker_stream() < 0)
+    synchronize_stream(self.device().index(), current_stream(self.device().index()), "sync: resize_");
   GeometryRestore before(self);
   try {
     return at::native::resize_(self, size, memory_format);
@@ -897,15 +1458,21 @@ at::Tensor& set_empty(at::Tensor& self) {
 
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   check_not_in_bad_fork();
+  const int d = self.device().index();
+  if (worker_stream() < 0) synchronize_stream(d, current_stream(d), "sync: item()");
   const bool rec = recording();
   const int64_t t0 = rec ? now_ns() : 0;
   at::Scalar r = at::_local_scalar_dense(cpu_alias(self));
-  if (rec) {
-    const int64_t t1 = now_ns();
-    record_dma("d2h", Direction::D2H, self.device().index(), t0, t1, self.element_size());
-    record_sync("sync: item()", self.device().index(), t0, t1);
-  }
+  if (rec) record_dma("d2h", Direction::D2H, d, t0, now_ns(), self.element_size());
   return r;
+}
+
+// Tensor.record_stream(s): the tensor's block is used by work on `s` too; when freed, it is reused only
+// after the work launched on `s` until then has completed (the caching allocator's rule, as torch.cuda).
+void record_stream(at::Tensor& self, c10::Stream s) {
+  TORCH_CHECK(s.device_type() == kNeuron, "record_stream: expected a neuron stream, got ", s);
+  if (!self.has_storage() || self.storage().data_ptr().get() == nullptr) return;
+  record_block_stream(self.storage().data_ptr().get(), s.device_index(), static_cast<int>(s.id()));
 }
 
 // nn.Module.to("neuron") moves parameters in place (param.data = moved) when this says yes, as for CUDA.
@@ -1003,6 +1570,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", local_scalar_dense);
   m.impl("_to_copy", at::native::_to_copy);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
+  m.impl("record_stream", record_stream);
   // CompositeExplicitAutograd kernels that pick a backend by device type: run them on the CPU side.
   for (const char* name : {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
                            "convolution_backward_overrideable"}) {
@@ -1057,9 +1625,10 @@ struct HostCall::Impl {
   CallState cs;
 };
 
-HostCall::HostCall(int device) : impl_(new Impl()), device_(device) {
+HostCall::HostCall(int device, bool wait) : impl_(new Impl()), device_(device) {
   check_not_in_bad_fork();
   check_device_index(device);
+  if (wait && worker_stream() < 0) synchronize_stream(device, current_stream(device), "sync: host code (compiled graph)");
   impl_->cs.device = device;
 }
 HostCall::~HostCall() { delete impl_; }
@@ -1110,7 +1679,7 @@ int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const std::optional<at::Tensor>& mask, double dropout, bool causal,
                           std::optional<double> scale, bool gqa) {
   // The CPU choice reads requires_grad (a mask that requires grad needs math): the aliases keep it.
-  HostCall call(q.device().index());
+  HostCall call(q.device().index(), /*wait=*/false);
   auto in = [&](const at::Tensor& t) {
     at::Tensor a = call.in(t);
     if (t.requires_grad() && !a.requires_grad()) a.set_requires_grad(true);  // no dispatch: fake tensors too

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <tuple>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,9 @@ void set_current_device(int index);
 // ---- allocator.cpp ----
 c10::Allocator* neuron_allocator();   // allocates on the current device
 c10::DataPtr allocate_on(int device, size_t nbytes);
+// Stream-ordered reuse (allocator.cpp): `ptr` (a live block) is also used on `stream`; its memory is not
+// reused until the work enqueued on that stream before the block is freed has completed.
+void record_block_stream(void* ptr, int device, int stream);
 c10::Allocator* redirect_cpu_allocator();  // CPU allocator that diverts to a neuron device inside a kernel
 bool is_neuron_data_ptr(const c10::DataPtr& p);
 int device_of_ptr(const void* ptr);  // -1 if unknown
@@ -90,6 +94,12 @@ struct EventRecord {
   int64_t bytes_read = 0;
   int64_t bytes_written = 0;
   int64_t flops = 0;
+  // Asynchronous execution (queue.cpp): the stream a kernel ran on (-1: a host-side event such as a
+  // sync), the host-side span of the op call that launched it, and the launch id linking the two.
+  int32_t stream = 0;
+  int64_t host_start_ns = 0;
+  int64_t host_end_ns = 0;
+  uint64_t correlation = 0;
 };
 
 // Bit 0: the lab's recorder is on; bit 1: a torch.profiler (Kineto) session is collecting.
@@ -103,7 +113,17 @@ void kineto_capture(const EventRecord& ev);  // profiler.cpp
 bool record_shapes_enabled();
 bool with_stack_enabled();
 int32_t intern_string(const std::string& s);
+std::string string_of(int32_t id);
 void push_event(EventRecord ev);  // stamps seq/thread, captures a stack when with_stack is on
+// The same for an event launched by another thread (a kernel run by a stream worker): the launching
+// thread's hash and the stack captured at launch are stored instead of the caller's.
+void push_event_from(EventRecord ev, uint32_t thread, int32_t stack);
+uint32_t thread_hash();
+int32_t capture_stack();  // the calling thread's Python stack as a stack-table id (kNoStack if none)
+// Launch-site frames of a stack id, innermost first: (filename, line, function). Takes the GIL.
+std::vector<std::tuple<std::string, int, std::string>> stack_frames(int32_t id);
+// A new signature noted on this thread: its shapes/dtypes string ids, consumed (false if none pending).
+bool take_pending_signature(int32_t name_id, int32_t* shapes_id, int32_t* dtypes_id);
 // One recorded event as stored in the recorder's chunks; `stack` indexes the stack table.
 constexpr int32_t kNoStack = -1;
 constexpr int32_t kStackTableFull = -2;
@@ -134,7 +154,9 @@ bool note_signature(int device, uint64_t hash, const std::function<std::string()
 bool alias_matches(const at::Tensor& t, const at::Tensor& alias);
 class HostCall {
  public:
-  explicit HostCall(int device);
+  // Waits for the device's current stream first (host code reads and writes device memory), unless
+  // `wait` is false (metadata only).
+  explicit HostCall(int device, bool wait = true);
   ~HostCall();
   at::Tensor in(const at::Tensor& t);   // neuron -> CPU alias (others unchanged)
   // neuron -> CPU alias, reusing `prev` (an alias this made for an earlier call, no longer referenced
@@ -148,6 +170,67 @@ class HostCall {
   Impl* impl_;
   int device_;
 };
+
+// ---- queue.cpp: asynchronous execution (see README.md "Asynchronous execution") ----
+// Work enqueued on a stream: runs on that stream's worker thread, in stream order.
+struct Launch {
+  uint64_t id = 0;             // correlation id (unique per launch)
+  int32_t stack = kNoStack;    // the host's Python stack at launch (stack table id)
+  uint32_t thread = 0;         // the launching host thread
+  int64_t host_start_ns = 0;   // the op call's start on the host
+  int64_t host_end_ns = 0;     // when the host enqueued it
+  int32_t name_id = -1;        // what ran (for errors and records)
+};
+struct Work {
+  std::function<void(const Launch&)> run;
+  Launch launch;
+  int device = 0;
+  int stream = 0;
+};
+constexpr int kMaxStreamsPerDevice = 1024;
+bool launch_blocking();                // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every launch waits for its kernel
+void set_launch_blocking(bool on);
+int current_stream(int device);        // this thread's current stream on `device` (0: default stream)
+void set_current_stream(int device, int stream);
+int new_stream(int device, int priority);
+int pool_stream(int device, bool high_priority);
+int stream_priority(int device, int stream);
+void check_stream(int device, int stream);
+// Begins a launch on the host: stamps the id, start time and launch site.
+Launch begin_launch(int32_t name_id);
+// Enqueues `w` (stamps host_end_ns); returns the stream position it takes (1-based).
+uint64_t enqueue(Work w);
+uint64_t stream_enqueued(int device, int stream);
+uint64_t stream_completed(int device, int stream);
+bool stream_idle(int device, int stream);
+// Host waits (GIL released while waiting, bounded by TORCHNEURON_LAB_SYNC_TIMEOUT): until `stream` has
+// completed position `pos`; until the stream is empty; until every stream of the device is empty.
+// A wait that blocked is recorded as a sync event named `what`; a pending asynchronous error of the
+// device is raised afterwards (and cleared: the device stays usable).
+void wait_position(int device, int stream, uint64_t pos, const char* what);
+void synchronize_stream(int device, int stream, const char* what);
+void synchronize_device(int device, const char* what);
+void synchronize_all(const char* what);
+// Waits for every queued kernel of every device, recording nothing and raising nothing (reading the
+// recorder, interpreter exit). GIL released while waiting.
+void drain_all();
+void raise_async_error(int device);
+// On a worker: the stream and launch being executed (stream -1 and nullptr on host threads).
+int worker_stream();
+uint64_t cancel_epoch(int device);
+void cancel_queued(int device);  // drops queued (not running) work of every stream of the device  // changes when queued work was dropped (Ctrl-C during a wait)
+uint64_t worker_position();
+// Events (c10 event handles point at these).
+struct NeuronEvent {
+  int device = -1;
+  int stream = 0;
+  uint64_t pos = 0;           // stream position of the record marker; 0 = never recorded
+  bool timing = false;
+  std::atomic<int64_t> time_ns{0};  // device time the marker ran (timing events)
+};
+void record_event(NeuronEvent* ev, int device, int stream);
+void stream_wait_event(int device, int stream, const NeuronEvent* ev);  // enqueues a device-side wait
+bool event_done(const NeuronEvent* ev);
 
 // ---- profiler.cpp ----
 void install_profiler_stubs();

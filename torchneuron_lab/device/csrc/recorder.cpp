@@ -137,7 +137,7 @@ Stacks& stacks() {
   return s;
 }
 
-uint32_t thread_hash() {
+uint32_t this_thread_hash() {
   static thread_local uint32_t h =
       static_cast<uint32_t>(std::hash<std::thread::id>()(std::this_thread::get_id()) & 0xffffffff);
   return h;
@@ -314,28 +314,46 @@ void clear_stacks() {
   PyGILState_Release(g);
 }
 
+bool take_pending_signature(int32_t name_id, int32_t* shapes_id, int32_t* dtypes_id) {
+  if (tls_pending_signatures.empty()) return false;
+  const std::string prefix = string_of(name_id) + "(";
+  for (size_t i = tls_pending_signatures.size(); i-- > 0;) {
+    const std::string& desc = tls_pending_signatures[i];
+    if (desc.compare(0, prefix.size(), prefix) != 0) continue;
+    std::string shapes, dtypes;
+    split_signature(desc, shapes, dtypes);
+    *shapes_id = intern_string(shapes);
+    *dtypes_id = intern_string(dtypes);
+    tls_pending_signatures.erase(tls_pending_signatures.begin() + static_cast<std::ptrdiff_t>(i));
+    return true;
+  }
+  return false;
+}
+
+uint32_t thread_hash() { return this_thread_hash(); }
+
 void push_event(EventRecord ev) {
-  const uint32_t flags = g_recording_flags.load(std::memory_order_relaxed);
   if (ev.new_signature && !tls_pending_signatures.empty()) {
     // The signature's shapes and dtypes, even without record_shapes: a signature *is* op + shapes + dtypes.
-    const std::string prefix = string_of(ev.name_id) + "(";
-    for (size_t i = tls_pending_signatures.size(); i-- > 0;) {
-      const std::string& desc = tls_pending_signatures[i];
-      if (desc.compare(0, prefix.size(), prefix) != 0) continue;
-      if (ev.shapes_id < 0 && ev.dtypes_id < 0) {
-        std::string shapes, dtypes;
-        split_signature(desc, shapes, dtypes);
-        ev.shapes_id = intern_string(shapes);
-        ev.dtypes_id = intern_string(dtypes);
-      }
-      tls_pending_signatures.erase(tls_pending_signatures.begin() + static_cast<std::ptrdiff_t>(i));
-      break;
+    int32_t sh = -1, dt = -1;
+    if (take_pending_signature(ev.name_id, &sh, &dt) && ev.shapes_id < 0 && ev.dtypes_id < 0) {
+      ev.shapes_id = sh;
+      ev.dtypes_id = dt;
     }
   }
+  const uint32_t flags = g_recording_flags.load(std::memory_order_relaxed);
+  if (!(flags & kRecorderBit)) {
+    if (flags & kKinetoBit) kineto_capture(ev);
+    return;
+  }
+  push_event_from(ev, this_thread_hash(), rec().with_stack ? capture_stack() : kNoStack);
+}
+
+void push_event_from(EventRecord ev, uint32_t thread, int32_t stack) {
+  const uint32_t flags = g_recording_flags.load(std::memory_order_relaxed);
   if (flags & kKinetoBit) kineto_capture(ev);
   if (!(flags & kRecorderBit)) return;
   Recorder& r = rec();
-  const int32_t stack = r.with_stack ? capture_stack() : kNoStack;
   std::lock_guard<std::mutex> lock(r.mu);
   if (!(g_recording_flags.load(std::memory_order_relaxed) & kRecorderBit)) return;
   size_t idx;
@@ -362,13 +380,34 @@ void push_event(EventRecord ev) {
   }
   s->ev = ev;
   s->seq = r.seq++;
-  s->thread = thread_hash();
+  s->thread = thread;
   s->stack = stack;
   if (r.size < r.capacity) {
     r.size++;
   } else {
     r.ring_pos = (r.ring_pos + 1) % (r.capacity - r.keep_first);
   }
+}
+
+std::vector<std::tuple<std::string, int, std::string>> stack_frames(int32_t id) {
+  std::vector<std::tuple<std::string, int, std::string>> out;
+  if (id < 0 || !Py_IsInitialized() || python_finalizing()) return out;
+  PyGILState_STATE g = PyGILState_Ensure();
+  {
+    Stacks& st = stacks();
+    std::lock_guard<std::mutex> lock(st.mu);
+    if (id < static_cast<int32_t>(st.by_id.size())) {
+      for (const StackFrameRef& fr : *st.by_id[id]) {
+        auto* code = reinterpret_cast<PyCodeObject*>(fr.code);
+        const char* file = PyUnicode_AsUTF8(code->co_filename);
+        const char* name = PyUnicode_AsUTF8(code->co_name);
+        out.emplace_back(file ? file : "?", PyCode_Addr2Line(code, fr.lasti), name ? name : "?");
+      }
+    }
+  }
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyGILState_Release(g);
+  return out;
 }
 
 bool note_signature(int device, uint64_t hash, const std::function<std::string()>& describe) {
@@ -462,6 +501,7 @@ size_t recorder_keep_first() { return rec().keep_first; }
 
 // Copies the buffer in order (oldest first: the pinned head, then the ring from its oldest entry).
 std::vector<RecorderSlot> recorder_copy() {
+  drain_all();  // kernels still queued push their events when they run
   Recorder& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);
   std::vector<RecorderSlot> out;

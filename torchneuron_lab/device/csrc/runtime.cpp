@@ -3,6 +3,7 @@
 // Kineto's inline activity methods format with fmt; torch does not export fmt, so compile it in.
 #define FMT_HEADER_ONLY 1
 #include "config.cpp"
+#include "queue.cpp"
 #include "guard.cpp"
 #include "allocator.cpp"
 #include "generator.cpp"

@@ -1,0 +1,208 @@
+"""Asynchronous execution on the emulated neuron device (issue 12), side by side in one run.
+
+Bars:
+  1. launch: 100 matmuls 1024x1024 are enqueued in < 10% of the time they take to run (host launch time
+     vs launch-to-synchronize time);
+  2. training steps (MLP 784-512-512-10 AdamW, TransformerEncoderLayer d128 AdamW, GPT-2 small config
+     2 layers AdamW), asynchronous neuron vs CPU eager: <= 1.0x (the host's Python overlaps the device's
+     kernels); also reported with TORCHNEURON_LAB_LAUNCH_BLOCKING semantics (every kernel waited for);
+  3. per-op cost of a chain of small ops (64x64 adds, synchronised at the end) vs CPU: reported, <= 1.5x;
+  4. an event-timed ``elapsed_time`` of a kernel agrees with the recorder's duration within 5%.
+
+    python benchmarks/bench_async.py [--quick] [--json out.json] [--threads N] [--strict]
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from _common import Report, base_parser, calibrate, interleave, make_loop, setup
+from torch import nn
+
+LAUNCH_BAR = 0.10
+TRAIN_BAR = 1.0
+CHAIN_BAR = 1.5
+EVENT_BAR = 0.05
+
+
+def launch_case(rep: Report, quick: bool) -> None:
+    n = 20 if quick else 100
+    x = torch.randn(1024, 1024, device="neuron")
+    (x @ x).sum().item()  # warm: allocator, kernel
+    hosts, totals = [], []
+    for _ in range(2 if quick else 5):
+        torch.neuron.synchronize()
+        t0 = time.perf_counter()
+        ys = [x @ x for _ in range(n)]
+        t1 = time.perf_counter()
+        torch.neuron.synchronize()
+        t2 = time.perf_counter()
+        hosts.append(t1 - t0)
+        totals.append(t2 - t0)
+        del ys
+    host, total = statistics.median(hosts), statistics.median(totals)
+    ratio = host / total
+    rep.extra["launch"] = {"matmuls": n, "host_s": host, "device_s": total, "ratio": ratio, "bar": LAUNCH_BAR,
+                           "pass": ratio < LAUNCH_BAR}
+    print(f"launch: {n} x matmul 1024^2 enqueued in {1e3 * host:.1f} ms, run in {1e3 * total:.1f} ms "
+          f"-> host/device {ratio:.4f}x (bar < {LAUNCH_BAR}) {'PASS' if ratio < LAUNCH_BAR else 'FAIL'}")
+
+
+def mlp() -> nn.Module:
+    return nn.Sequential(nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+
+
+def encoder() -> nn.Module:
+    return nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=512, dropout=0.0, batch_first=True)
+
+
+def gpt2() -> nn.Module:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_layer=2, n_head=4, n_embd=128, vocab_size=1000, n_positions=128, resid_pdrop=0.0,
+                     embd_pdrop=0.0, attn_pdrop=0.0)
+    return GPT2LMHeadModel(cfg)
+
+
+def env_for(kind: str, device: str, model: nn.Module) -> dict[str, object]:
+    gen = torch.Generator().manual_seed(1)
+    m = copy.deepcopy(model).to(device)
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, foreach=False)
+    if kind == "mlp":
+        x, y = torch.randn(64, 784, generator=gen), torch.randint(0, 10, (64,), generator=gen)
+    elif kind == "encoder":
+        x, y = torch.randn(16, 64, 128, generator=gen), torch.randn(16, 64, 128, generator=gen)
+    else:
+        x = torch.randint(0, 1000, (8, 64), generator=gen)
+        y = x
+    return {"model": m, "opt": opt, "x": x.to(device), "y": y.to(device), "F": F}
+
+
+STEPS = {
+    "mlp": "opt.zero_grad(set_to_none=True)\nloss = F.cross_entropy(model(x), y)\nloss.backward()\nopt.step()",
+    "encoder": "opt.zero_grad(set_to_none=True)\nloss = F.mse_loss(model(x), y)\nloss.backward()\nopt.step()",
+    "gpt2": "opt.zero_grad(set_to_none=True)\nloss = model(x, labels=y).loss\nloss.backward()\nopt.step()",
+}
+LABELS = {
+    "mlp": "MLP 784-512-512-10 b64, AdamW",
+    "encoder": "TransformerEncoderLayer d128 h4 16x64, AdamW",
+    "gpt2": "GPT-2 config (2 layers, d128) 8x64, AdamW",
+}
+
+
+def training_cases(rep: Report, quick: bool, rounds: int, target_s: float) -> None:
+    from torchneuron_lab.device._backend import lib
+
+    C = lib()
+    rows = []
+    for kind, factory in (("mlp", mlp), ("encoder", encoder), ("gpt2", gpt2)):
+        torch.manual_seed(0)
+        model = factory()
+        envs = {dev: env_for(kind, dev, model) for dev in ("cpu", "neuron", "neuron_blocking")
+                if dev != "neuron_blocking"}
+        envs["neuron_blocking"] = env_for(kind, "neuron", model)
+        loops = {dev: make_loop(STEPS[kind], env) for dev, env in envs.items()}
+        blocking = loops["neuron_blocking"]
+
+        def blocking_loop(n: int, _inner=blocking) -> float:
+            C.set_launch_blocking(True)
+            try:
+                return _inner(n)
+            finally:
+                C.set_launch_blocking(False)
+
+        loops["neuron_blocking"] = blocking_loop
+        calibrate(loops["neuron"], target_s)
+        n = calibrate(loops["cpu"], target_s)
+        sides = interleave(loops, n, rounds)
+        row = rep.compare(f"train.{kind}", LABELS[kind], sides["cpu"], sides["neuron"], n, bar=TRAIN_BAR)
+        row_b = rep.compare(f"train.{kind}.launch_blocking", LABELS[kind] + " [launch blocking]", sides["cpu"],
+                            sides["neuron_blocking"], n, bar=None, cand_name="neuron_blocking")
+        rows.append(row)
+        rows.append(row_b)
+    rep.print_compare_table([r for r in rows if r["cand"] == "neuron"], unit="ms")
+    print()
+    print("with launch blocking (every kernel waited for, as TORCHNEURON_LAB_LAUNCH_BLOCKING=1):")
+    for r in rows:
+        if r["cand"] == "neuron_blocking":
+            print(f"  {r['label']:<60} {r['ratio']:.3f}x of CPU")
+
+
+def chain_case(rep: Report, rounds: int, target_s: float) -> None:
+    stmt = "y = a + b\ny = y + b\ny = y + b\ny = y + b\ny = y + b\ny = y + b\ny = y + b\ny = y + b"
+    envs = {dev: {"a": torch.randn(64, 64).to(dev), "b": torch.randn(64, 64).to(dev)} for dev in ("cpu", "neuron")}
+    loops = {dev: make_loop(stmt, env) for dev, env in envs.items()}
+    calibrate(loops["neuron"], target_s)
+    n = calibrate(loops["cpu"], target_s)
+    sides = interleave(loops, n, rounds)
+    row = rep.compare("chain.add64", "8 chained 64x64 adds (sync at end of block)", sides["cpu"], sides["neuron"],
+                      n, bar=CHAIN_BAR)
+    per_op_cpu = row["cpu"]["median_ns"] / 8 / 1e3
+    per_op_neuron = row["neuron"]["median_ns"] / 8 / 1e3
+    print(f"per op: cpu {per_op_cpu:.2f} us, neuron {per_op_neuron:.2f} us -> {row['ratio']:.3f}x "
+          f"(bar <= {CHAIN_BAR}) {'PASS' if row['pass'] else 'FAIL'}")
+
+
+def event_case(rep: Report, quick: bool) -> None:
+    from torchneuron_lab.device import recorder
+
+    x = torch.randn(1024, 1024, device="neuron")
+    (x @ x).sum().item()
+    diffs = []
+    for _ in range(3 if quick else 10):
+        start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+        recorder.clear()
+        recorder.start(100)
+        start.record()
+        y = x @ x
+        end.record()
+        end.synchronize()
+        recorder.stop()
+        (mm,) = [e for e in recorder.read().events if e.name == "aten::mm"]
+        ev_ms, rec_ms = start.elapsed_time(end), mm.dur_ns / 1e6
+        diffs.append(abs(ev_ms - rec_ms) / rec_ms)
+        del y
+    worst, med = max(diffs), statistics.median(diffs)
+    rep.extra["event_vs_recorder"] = {"median_rel_diff": med, "max_rel_diff": worst, "bar": EVENT_BAR,
+                                      "pass": med <= EVENT_BAR}
+    print(f"event elapsed_time vs recorder duration (matmul 1024^2): median |diff| {100 * med:.2f}%, "
+          f"max {100 * worst:.2f}% (bar <= {100 * EVENT_BAR:.0f}%) {'PASS' if med <= EVENT_BAR else 'FAIL'}")
+
+
+def main() -> int:
+    ap = base_parser(__doc__.splitlines()[0])
+    args = ap.parse_args()
+    setup(args)
+    quick = args.quick
+    rounds = args.rounds or (3 if quick else 11)
+    target_s = 0.01 if quick else 0.2
+    rep = Report("bench_async", args)
+    rep.header("asynchronous neuron device vs CPU eager")
+    launch_case(rep, quick)
+    print()
+    training_cases(rep, quick, rounds, target_s)
+    print()
+    chain_case(rep, rounds, target_s)
+    print()
+    event_case(rep, quick)
+    print()
+    rep.print_ratio_lines(rep.ratios)
+    launch, event = rep.extra["launch"], rep.extra["event_vs_recorder"]
+    print(f"RATIO launch.matmul1024 host/device = {launch['ratio']:.3f}x  [bar < {LAUNCH_BAR:.2f}x: "
+          f"{'PASS' if launch['pass'] else 'FAIL'}]")
+    print(f"RATIO event.elapsed_vs_recorder |diff| = {event['median_rel_diff']:.3f}x  [bar <= {EVENT_BAR:.2f}x: "
+          f"{'PASS' if event['pass'] else 'FAIL'}]")
+    code = rep.finish()
+    extra_failed = [k for k in ("launch", "event_vs_recorder") if rep.extra[k]["pass"] is False]
+    return 1 if (extra_failed and args.strict) else code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

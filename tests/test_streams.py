@@ -1,0 +1,426 @@
+"""Asynchronous execution, streams and events on neuron (issue 12), modelled on PyTorch's own stream and
+event tests for accelerators (creation, current/default streams, context managers, ordering across
+streams, record/wait/query/synchronize, timing) plus what the emulator adds: launch-site errors, the
+stream-ordered caching allocator, sync events with the host's wait.
+
+``torch.neuron._sleep(ms)`` (``torch.cuda._sleep``'s counterpart) keeps a stream busy, so every
+ordering assertion below is deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import torchneuron_lab  # noqa: F401  (registers the device)
+from torchneuron_lab.device._backend import lib
+
+C = lib()
+MiB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _drained() -> Iterator[None]:
+    torch.neuron.synchronize(0)
+    torch.neuron.synchronize(1)
+    yield
+    torch.neuron.set_stream(torch.neuron.default_stream(0))
+    torch.neuron.set_stream(torch.neuron.default_stream(1))
+    C.set_launch_blocking(False)
+    C.drain()
+
+
+def busy(ms: float, stream: torch.Stream | None = None) -> None:
+    with torch.neuron.stream(stream):
+        torch.neuron._sleep(ms)
+
+
+# --------------------------------------------------------------------------- streams
+
+
+def test_default_and_current_streams() -> None:
+    d0 = torch.neuron.default_stream()
+    assert (d0.stream_id, d0.device_index, d0.device.type) == (0, 0, "neuron")
+    assert torch.neuron.current_stream() == d0
+    assert torch.neuron.default_stream(1) == torch.neuron.current_stream("neuron:1")
+    assert torch.neuron.default_stream(1) != d0
+    assert torch.accelerator.current_stream() == d0
+
+
+def test_new_streams_are_distinct_and_keep_their_priority() -> None:
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream(priority=-1)
+    assert s1 != s2 and s1.stream_id != 0 and s2.stream_id != 0
+    assert (s1.priority, s2.priority) == (0, -1)
+    assert torch.neuron.Stream(device="neuron:1").device_index == 1
+    g = torch.Stream(device="neuron")
+    assert g.device_type == s1.device_type and g.stream_id not in (0, s1.stream_id)
+
+
+def test_stream_context_sets_and_restores_stream_and_device() -> None:
+    s = torch.neuron.Stream(device=1)
+    assert torch.neuron.current_device() == 0
+    with torch.neuron.stream(s) as entered:
+        assert entered is s
+        assert torch.neuron.current_device() == 1
+        assert torch.neuron.current_stream(1) == s
+        x = torch.ones(4, device="neuron") + 1  # launched on s
+        assert x.device == torch.device("neuron:1")
+    assert torch.neuron.current_device() == 0
+    assert torch.neuron.current_stream(1) == torch.neuron.default_stream(1)
+    with torch.neuron.stream(None):  # None: no-op, as torch.cuda.stream(None)
+        assert torch.neuron.current_stream() == torch.neuron.default_stream()
+    # the generic torch.Stream is a context manager too, and torch.accelerator sees it
+    g = torch.Stream(device="neuron")
+    with g:
+        assert torch.accelerator.current_stream().stream_id == g.stream_id
+    assert torch.accelerator.current_stream().stream_id == 0
+    torch.accelerator.set_stream(g)
+    assert torch.neuron.current_stream().stream_id == g.stream_id
+
+
+def test_current_stream_is_per_thread() -> None:
+    import threading
+
+    s = torch.neuron.Stream()
+    seen: list[int] = []
+    with torch.neuron.stream(s):
+        t = threading.Thread(target=lambda: seen.append(torch.neuron.current_stream().stream_id))
+        t.start()
+        t.join()
+        assert torch.neuron.current_stream() == s
+    assert seen == [0]
+
+
+def test_query_and_synchronize_a_busy_stream() -> None:
+    s = torch.neuron.Stream()
+    busy(300, s)
+    assert s.query() is False
+    assert torch.neuron.default_stream().query() is True  # other streams are not held up
+    t0 = time.perf_counter()
+    s.synchronize()
+    assert time.perf_counter() - t0 > 0.1
+    assert s.query() is True
+
+
+def test_launch_returns_before_the_kernel_runs() -> None:
+    x = torch.randn(256, 256, device="neuron")
+    torch.neuron.synchronize()
+    busy(300)
+    t0 = time.perf_counter()
+    y = x @ x
+    launched = time.perf_counter() - t0
+    enqueued, completed = C.stream_counts(0, 0)
+    assert enqueued - completed == 2  # the sleep and the matmul are queued
+    assert launched < 0.1
+    torch.testing.assert_close(y.cpu(), x.cpu() @ x.cpu(), rtol=0, atol=0)  # .cpu() waits
+    assert C.stream_counts(0, 0)[0] == C.stream_counts(0, 0)[1]
+
+
+def test_wait_stream_orders_work_across_streams() -> None:
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
+    x = torch.zeros(1000, device="neuron")
+    with torch.neuron.stream(s1):
+        torch.neuron._sleep(200)
+        x.fill_(3.0)
+    s2.wait_stream(s1)
+    with torch.neuron.stream(s2):
+        y = x * 2
+    assert s2.query() is False  # waiting for s1's sleep
+    s2.synchronize()
+    assert s1.query() is True
+    assert y.sum().item() == 6000.0
+
+
+def test_events_record_wait_query_synchronize() -> None:
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
+    e = torch.neuron.Event()
+    assert e.query() is True  # never recorded: complete (as CUDA)
+    with torch.neuron.stream(s1):
+        torch.neuron._sleep(200)
+        e.record()
+    assert e.query() is False
+    s2.wait_event(e)
+    with torch.neuron.stream(s2):
+        after = s2.record_event()
+    assert after.query() is False  # s2 waits on e
+    e.synchronize()
+    assert e.query() is True
+    after.synchronize()
+    assert after.query() is True
+    g = torch.Event(device="neuron")  # the generic event works the same
+    g.record(s1)
+    g.synchronize()
+    assert g.query() is True
+
+
+def test_event_elapsed_time_measures_the_device() -> None:
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    start.record()
+    torch.neuron._sleep(50)
+    end.record()
+    with pytest.raises(RuntimeError, match="must be completed"):
+        start.elapsed_time(end)
+    end.synchronize()
+    ms = start.elapsed_time(end)
+    assert 49.0 <= ms < 500.0
+    plain = torch.neuron.Event()
+    plain.record()
+    plain.synchronize()
+    with pytest.raises(RuntimeError, match="enable_timing=True"):
+        start.elapsed_time(plain)
+    with pytest.raises(RuntimeError, match="cannot be shared between processes"):
+        torch.neuron.Event(interprocess=True)
+
+
+def test_event_time_agrees_with_the_recorder() -> None:
+    from torchneuron_lab.device import recorder
+
+    x = torch.randn(512, 512, device="neuron")
+    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+    recorder.start(1000)
+    try:
+        start.record()
+        y = x @ x
+        end.record()
+        end.synchronize()
+    finally:
+        recorder.stop()
+    kernels = [e for e in recorder.read().events if e.name == "aten::mm"]
+    assert len(kernels) == 1
+    ms = start.elapsed_time(end)
+    assert ms >= kernels[0].dur_ns / 1e6
+    assert ms == pytest.approx(kernels[0].dur_ns / 1e6, rel=0.5, abs=0.5)
+    del y
+
+
+# --------------------------------------------------------------------------- sync points
+
+
+def test_sync_points_record_the_hosts_wait_and_the_launch_span() -> None:
+    from torchneuron_lab.device import recorder
+
+    x = torch.randn(64, 64, device="neuron")
+    recorder.start(1000)
+    try:
+        torch.neuron._sleep(100)
+        y = x + 1
+        y.sum().item()
+    finally:
+        recorder.stop()
+    cols = C.recorder_read()
+    rows = list(zip(cols["kind"], cols["name"], cols["start_ns"], cols["end_ns"], cols["host_start_ns"],
+                    cols["host_end_ns"], cols["stream"], cols["correlation"]))
+    sleep = next(r for r in rows if r[1] == "neuron::_sleep")
+    add = next(r for r in rows if r[1] == "aten::add.Tensor")
+    sync = next(r for r in rows if r[1] == "sync: item()")
+    # the add was launched (host span) long before it ran on the device (after the sleep)
+    assert add[5] < sleep[3] <= add[2]
+    assert add[4] <= add[5] and add[7] > sleep[7] > 0
+    # the host waited at item() for the sleep and the add and the sum: at least most of 100 ms
+    assert sync[0] == "sync" and sync[6] == 0 and sync[3] - sync[2] > 50e6
+
+
+def test_data_dependent_shapes_wait_for_the_stream() -> None:
+    busy(150)
+    t0 = time.perf_counter()
+    idx = torch.nonzero(torch.tensor([0, 1, 1], device="neuron"))
+    assert time.perf_counter() - t0 > 0.1
+    assert idx.flatten().tolist() == [1, 2]
+
+
+def test_printing_a_tensor_waits_for_it() -> None:
+    x = torch.zeros(3, device="neuron")
+    busy(100)
+    x.add_(2)
+    assert "2., 2., 2." in repr(x)
+
+
+# --------------------------------------------------------------------------- asynchronous errors
+
+
+def test_a_kernel_error_is_raised_at_the_next_sync_with_its_launch_line() -> None:
+    src = torch.randn(3, device="neuron")
+    bad = torch.tensor([0, 5], device="neuron")
+    busy(50)
+    out = torch.index_select(src, 0, bad)  # launch_line
+    launch_line = Path(__file__).read_text().splitlines().index(
+        "    out = torch.index_select(src, 0, bad)  # launch_line") + 1
+    with pytest.raises(IndexError) as err:
+        out.cpu()
+    msg = str(err.value)
+    assert "aten::index_select" in msg and "neuron:0 (stream 0)" in msg
+    assert f"{Path(__file__).name}:{launch_line}" in msg
+    assert "index out of range" in msg and "TORCHNEURON_LAB_LAUNCH_BLOCKING=1" in msg
+    # reported once; the device stays usable
+    assert (torch.ones(2, device="neuron") * 3).tolist() == [3.0, 3.0]
+
+
+def test_launch_blocking_raises_at_the_launch() -> None:
+    C.set_launch_blocking(True)
+    src = torch.randn(3, device="neuron")
+    with pytest.raises(IndexError, match="index out of range"):
+        torch.index_select(src, 0, torch.tensor([7], device="neuron"))
+    busy(100)
+    assert C.stream_counts(0, 0)[0] == C.stream_counts(0, 0)[1]  # the launch itself waited
+
+
+def test_shape_errors_are_raised_at_the_launch() -> None:
+    a, b = torch.ones(3, device="neuron"), torch.ones(4, device="neuron")
+    busy(100)
+    with pytest.raises(RuntimeError, match=r"size of tensor a \(3\) must match"):
+        a + b
+    with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+        m = torch.arange(16.0, device="neuron").view(4, 4)
+        m.add_(m.t())
+
+
+# --------------------------------------------------------------------------- stream-ordered allocator
+
+
+def test_a_block_freed_on_a_stream_is_reused_at_once_by_that_stream() -> None:
+    size = 3 * MiB + 7 * 4096  # a size no other test caches
+    a = torch.empty(size, dtype=torch.uint8, device="neuron")
+    busy(200)
+    z = a + 1  # still queued behind the sleep when `a` is freed
+    ptr = a.data_ptr()
+    del a
+    b = torch.empty(size, dtype=torch.uint8, device="neuron")
+    assert b.data_ptr() == ptr  # stream order makes this safe: b's users run after z
+    assert C.stream_counts(0, 0)[0] - C.stream_counts(0, 0)[1] >= 1  # z had not run yet
+    del z
+
+
+def test_a_block_is_not_shared_between_streams() -> None:
+    s = torch.neuron.Stream()
+    with torch.neuron.stream(s):
+        a = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    ptr = a.data_ptr()
+    del a
+    b = torch.empty(MiB, dtype=torch.uint8, device="neuron")  # default stream
+    assert b.data_ptr() != ptr
+    with torch.neuron.stream(s):
+        c = torch.empty(MiB, dtype=torch.uint8, device="neuron")
+    assert c.data_ptr() == ptr
+
+
+def test_record_stream_defers_reuse_until_the_other_stream_is_done() -> None:
+    s = torch.neuron.Stream()
+    size = 5 * MiB + 3 * 4096  # a size no other test caches
+    a = torch.empty(size, dtype=torch.uint8, device="neuron")
+    ptr = a.data_ptr()
+    busy(300, s)
+    with torch.neuron.stream(s):
+        a.add_(1)  # used on s, behind the sleep
+    a.record_stream(s)
+    before = torch.neuron.memory_stats()
+    del a
+    after = torch.neuron.memory_stats()
+    # freed now (allocated drops), still active until s has run its work
+    assert before["allocated_bytes.all.current"] - after["allocated_bytes.all.current"] == size
+    assert before["active_bytes.all.current"] == after["active_bytes.all.current"]
+    b = torch.empty(size, dtype=torch.uint8, device="neuron")
+    assert b.data_ptr() != ptr
+    s.synchronize()
+    c = torch.empty(size, dtype=torch.uint8, device="neuron")
+    assert c.data_ptr() == ptr
+    del b, c
+
+
+def test_stream_order_keeps_queued_inputs_intact() -> None:
+    for _ in range(3):
+        x = torch.full((1 << 16,), 2.0, device="neuron")
+        busy(30)
+        y = x * 3  # queued; reads x
+        del x
+        z = torch.full((1 << 16,), 7.0, device="neuron")  # may take x's block: runs after y
+        assert y.sum().item() == 6.0 * (1 << 16)
+        assert z.sum().item() == 7.0 * (1 << 16)
+
+
+def test_snapshot_blocks_carry_their_stream() -> None:
+    s = torch.neuron.Stream()
+    with torch.neuron.stream(s):
+        a = torch.empty(3 * MiB, dtype=torch.uint8, device="neuron")
+    segs = [seg for seg in torch.neuron.memory_snapshot() if seg["address"] <= a.data_ptr() < seg["address"] + seg["total_size"]]
+    assert len(segs) == 1 and segs[0]["stream"] == s.stream_id
+    del a
+
+
+def test_empty_cache_waits_for_queued_kernels() -> None:
+    x = torch.randn(1 << 18, device="neuron")
+    busy(100)
+    y = x * 2
+    del x
+    torch.neuron.empty_cache()  # must not release x's memory under the queued kernel
+    assert C.stream_counts(0, 0)[0] == C.stream_counts(0, 0)[1]
+    assert torch.isfinite(y).all().item()
+
+
+# --------------------------------------------------------------------------- interrupts (subprocess)
+
+
+def test_ctrl_c_during_a_wait_drains_the_queues(tmp_path: Path) -> None:
+    script = tmp_path / "interrupt.py"
+    script.write_text(textwrap.dedent("""
+        import os, signal, threading, time, torch, torchneuron_lab
+        from torchneuron_lab.device._backend import lib
+        from torchneuron_lab.device import recorder
+        C = lib()
+        x = torch.ones(1000, device="neuron")
+        recorder.start(1000)
+        torch.neuron._sleep(5000)
+        for _ in range(50):
+            x = x + 1
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.perf_counter()
+        try:
+            torch.neuron.synchronize()
+            print("NOT INTERRUPTED")
+        except KeyboardInterrupt:
+            print("interrupted after", round(time.perf_counter() - t0, 1))
+        e, c = C.stream_counts(0, 0)
+        print("drained", e == c)
+        y = torch.ones(3, device="neuron") * 2
+        print("usable", y.tolist())
+        recorder.stop()
+        print("readable", len(recorder.read()) >= 1)
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("interrupted after") and float(lines[0].split()[-1]) < 2.0, proc.stdout
+    assert lines[1:] == ["drained True", "usable [2.0, 2.0, 2.0]", "readable True"], proc.stdout
+
+
+def test_waits_are_bounded(tmp_path: Path) -> None:
+    script = tmp_path / "timeout.py"
+    script.write_text(textwrap.dedent("""
+        import torch, torchneuron_lab
+        torch.neuron._sleep(3000)
+        try:
+            torch.neuron.synchronize()
+        except RuntimeError as e:
+            print("timeout:", "TORCHNEURON_LAB_SYNC_TIMEOUT" in str(e))
+    """))
+    env = dict(os.environ, TORCHNEURON_LAB_SYNC_TIMEOUT="0.5")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "timeout: True"
+
+
+def test_launch_blocking_environment_variable(tmp_path: Path) -> None:
+    script = tmp_path / "blocking.py"
+    script.write_text("import torch, torchneuron_lab\nfrom torchneuron_lab.device._backend import lib\n"
+                      "print(lib().launch_blocking())\n")
+    for value, expected in (("1", "True"), ("0", "False"), ("", "False")):
+        env = dict(os.environ, TORCHNEURON_LAB_LAUNCH_BLOCKING=value)
+        proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120, env=env)
+        assert proc.stdout.strip() == expected, proc.stderr

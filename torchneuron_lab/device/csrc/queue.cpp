@@ -1,0 +1,529 @@
+// Asynchronous execution of the emulated NeuronCore: stream queues drained by device worker threads.
+//
+// The host launches work and returns: a launch is a Work item (a closure plus its launch record) put on
+// a stream's FIFO queue; each stream has one worker thread that runs its queue in order, so kernels of
+// one stream run in launch order and different streams overlap. Positions count launches per stream
+// (1, 2, ...): `enqueued` is the last position launched, `completed` the last one finished. An event is
+// a marker at a position; waiting for an event is waiting for `completed >= pos` on its stream. Host
+// waits release the GIL, are bounded (TORCHNEURON_LAB_SYNC_TIMEOUT seconds) and are recorded as sync
+// events with the time the host actually waited. A kernel that throws leaves its error with the device;
+// the next synchronisation point raises it with the failed op, its stream and the launch site, and the
+// device stays usable. See README.md "Asynchronous execution" for the design and its invariants.
+#include "neuron.h"
+
+#include <Python.h>
+#include <torch/csrc/Exceptions.h>
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <condition_variable>
+#include <cstdlib>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+namespace tnl {
+
+namespace {
+
+std::atomic<int> g_launch_blocking{-1};  // -1: read the environment at first use
+std::atomic<uint64_t> g_next_launch{1};
+
+double sync_timeout_s() {
+  static const double t = [] {
+    const char* v = std::getenv("TORCHNEURON_LAB_SYNC_TIMEOUT");
+    if (v == nullptr || *v == '\0') return 600.0;
+    char* end = nullptr;
+    const double d = std::strtod(v, &end);
+    return (end != v && d > 0) ? d : 600.0;
+  }();
+  return t;
+}
+
+enum class ErrorClass : uint8_t { Runtime, Index, Value, Type, NotImplemented, OutOfMemory };
+
+struct AsyncError {
+  std::string message;
+  ErrorClass cls = ErrorClass::Runtime;
+  int32_t name_id = -1;
+  int stream = 0;
+  int32_t stack = kNoStack;
+  uint64_t launch = 0;
+  int later = 0;  // further kernels that failed before it was reported
+};
+
+struct StreamQueue {
+  int device = 0;
+  int id = 0;
+  int priority = 0;
+  std::mutex mu;
+  std::condition_variable cv_work;  // worker: work arrived
+  std::condition_variable cv_done;  // waiters: a position completed
+  std::deque<Work> queue;
+  uint64_t enqueued = 0;
+  uint64_t completed = 0;
+  bool worker_started = false;
+};
+
+struct DeviceQueues {
+  std::mutex mu;  // guards `streams` growth and `error`
+  std::vector<StreamQueue*> streams;  // index = stream id; never shrinks, StreamQueue objects are never freed
+  std::array<int, 2> pool_next{0, 0};
+  std::vector<int> pool[2];
+  std::optional<AsyncError> error;
+  std::atomic<uint64_t> cancel_epoch{0};  // bumped when queued work is dropped (Ctrl-C)
+};
+
+constexpr int kMaxDevices = 64;
+DeviceQueues* g_queues[kMaxDevices] = {};
+std::mutex g_queues_mu;
+
+// Leaked on purpose: worker threads may outlive static destruction at interpreter exit.
+DeviceQueues& queues_of(int device) {
+  check_device_index(device);
+  DeviceQueues* d = g_queues[device];
+  if (d != nullptr) return *d;
+  std::lock_guard<std::mutex> lock(g_queues_mu);
+  if (g_queues[device] == nullptr) {
+    auto* nd = new DeviceQueues();
+    auto* s0 = new StreamQueue();
+    s0->device = device;
+    nd->streams.push_back(s0);
+    g_queues[device] = nd;
+  }
+  return *g_queues[device];
+}
+
+StreamQueue& stream_of(int device, int stream) {
+  DeviceQueues& d = queues_of(device);
+  std::lock_guard<std::mutex> lock(d.mu);
+  TORCH_CHECK(stream >= 0 && stream < static_cast<int>(d.streams.size()), "invalid neuron stream ", stream,
+              " on neuron:", device, " (", d.streams.size(), " streams exist)");
+  return *d.streams[stream];
+}
+
+thread_local std::array<int, kMaxDevices> tls_stream{};
+thread_local int tls_worker_stream = -1;
+thread_local uint64_t tls_worker_pos = 0;
+
+void worker_main(StreamQueue* s);
+
+void start_worker_locked(StreamQueue& s) {
+  if (s.worker_started) return;
+  s.worker_started = true;
+  std::thread(worker_main, &s).detach();
+}
+
+void note_error(StreamQueue& s, const Work& w, const std::string& what, ErrorClass cls = ErrorClass::Runtime) {
+  DeviceQueues& d = queues_of(s.device);
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (d.error.has_value()) {
+    d.error->later++;
+    return;
+  }
+  AsyncError e;
+  e.message = what;
+  e.cls = cls;
+  e.name_id = w.launch.name_id;
+  e.stream = s.id;
+  e.stack = w.launch.stack;
+  e.launch = w.launch.id;
+  d.error = std::move(e);
+}
+
+void worker_main(StreamQueue* s) {
+  tls_worker_stream = s->id;
+  set_current_device(s->device);
+  tls_stream[s->device] = s->id;
+  for (;;) {
+    Work w;
+    {
+      std::unique_lock<std::mutex> lock(s->mu);
+      s->cv_work.wait(lock, [&] { return !s->queue.empty(); });
+      w = std::move(s->queue.front());
+      s->queue.pop_front();
+    }
+    tls_worker_pos = s->completed + 1;
+    try {
+      if (w.run) w.run(w.launch);  // dropped work (Ctrl-C) only advances the stream
+    } catch (const c10::IndexError& e) {
+      note_error(*s, w, e.what_without_backtrace(), ErrorClass::Index);
+    } catch (const c10::ValueError& e) {
+      note_error(*s, w, e.what_without_backtrace(), ErrorClass::Value);
+    } catch (const c10::TypeError& e) {
+      note_error(*s, w, e.what_without_backtrace(), ErrorClass::Type);
+    } catch (const c10::NotImplementedError& e) {
+      note_error(*s, w, e.what_without_backtrace(), ErrorClass::NotImplemented);
+    } catch (const c10::OutOfMemoryError& e) {
+      note_error(*s, w, e.what_without_backtrace(), ErrorClass::OutOfMemory);
+    } catch (const c10::Error& e) {
+      note_error(*s, w, e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      note_error(*s, w, e.what());
+    } catch (...) {
+      note_error(*s, w, "unknown C++ exception");
+    }
+    w.run = nullptr;  // drop captured tensors before the position counts as completed
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      s->completed++;
+    }
+    s->cv_done.notify_all();
+  }
+}
+
+void record_wait(int device, int stream, const char* what, int64_t t0, int64_t t1) {
+  if (!recording()) return;
+  EventRecord ev;
+  ev.kind = EventKind::Sync;
+  ev.engine = Engine::Host;
+  ev.device = static_cast<int8_t>(device);
+  ev.name_id = intern_string(what);
+  ev.start_ns = t0;
+  ev.end_ns = t1;
+  ev.host_start_ns = t0;
+  ev.host_end_ns = t1;
+  ev.stream = stream;
+  push_event(ev);
+}
+
+// Waits for `s` to reach `pos`; true if the host actually blocked. The GIL is released while waiting
+// (a kernel may need it) and never re-taken while a queue lock is held. Bounded by
+// TORCHNEURON_LAB_SYNC_TIMEOUT; on the main thread Ctrl-C is honoured: the device's queued kernels are
+// dropped (the running ones finish), so the queues are drained, and KeyboardInterrupt is raised.
+bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible = true) {
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.completed >= pos) return false;
+  }
+  TORCH_CHECK(!(tls_worker_stream == s.id && current_device() == s.device), "neuron stream ", s.id,
+              " cannot wait for itself");
+  const bool python = Py_IsInitialized() && !_Py_IsFinalizing();
+  PyThreadState* saved = (python && PyGILState_Check()) ? PyEval_SaveThread() : nullptr;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(sync_timeout_s());
+  bool done = false, interrupted = false;
+  while (!done) {
+    {
+      std::unique_lock<std::mutex> lock(s.mu);
+      done = s.cv_done.wait_for(lock, std::chrono::milliseconds(50), [&] { return s.completed >= pos; });
+    }
+    if (done || std::chrono::steady_clock::now() > deadline) break;
+    if (interruptible && python && PyGILState_GetThisThreadState() != nullptr) {
+      PyGILState_STATE g = PyGILState_Ensure();
+      interrupted = PyErr_CheckSignals() != 0;  // the exception stays set on this thread
+      PyGILState_Release(g);
+      if (interrupted) break;
+    }
+  }
+  if (interrupted) {
+    cancel_queued(s.device);
+    uint64_t last;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      last = s.enqueued;
+    }
+    wait_on(s, last, what, /*interruptible=*/false);
+  }
+  if (saved != nullptr) PyEval_RestoreThread(saved);
+  if (interrupted) {
+    python_error err;  // the KeyboardInterrupt PyErr_CheckSignals set on this thread
+    err.persist();
+    throw err;
+  }
+  if (!done) {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.completed < pos)
+      TORCH_CHECK(false, what, ": neuron:", s.device, " stream ", s.id, " did not reach position ", pos,
+                  " (completed ", s.completed, ", ", s.queue.size(), " queued) within ", sync_timeout_s(),
+                  " s (TORCHNEURON_LAB_SYNC_TIMEOUT)");
+  }
+  return true;
+}
+
+std::string launch_site(int32_t stack) {
+  if (stack < 0) return "";
+  auto frames = stack_frames(stack);
+  if (frames.empty()) return "";
+  // The innermost frame outside torch and the lab: the user's line that launched the op.
+  for (const auto& f : frames) {
+    const std::string& file = std::get<0>(f);
+    if (file.find("/torch/") != std::string::npos || file.find("/torchneuron_lab/") != std::string::npos ||
+        file.find("<frozen") != std::string::npos)
+      continue;
+    return file + ":" + std::to_string(std::get<1>(f)) + " in " + std::get<2>(f);
+  }
+  const auto& f = frames.front();
+  return std::get<0>(f) + ":" + std::to_string(std::get<1>(f)) + " in " + std::get<2>(f);
+}
+
+}  // namespace
+
+bool launch_blocking() {
+  int v = g_launch_blocking.load(std::memory_order_relaxed);
+  if (v < 0) {
+    const char* e = std::getenv("TORCHNEURON_LAB_LAUNCH_BLOCKING");
+    v = (e != nullptr && e[0] == '1' && e[1] == '\0') ? 1 : 0;
+    g_launch_blocking.store(v);
+  }
+  return v == 1;
+}
+void set_launch_blocking(bool on) { g_launch_blocking.store(on ? 1 : 0); }
+
+int current_stream(int device) { return tls_stream[device]; }
+void set_current_stream(int device, int stream) {
+  check_stream(device, stream);
+  tls_stream[device] = stream;
+}
+void check_stream(int device, int stream) { (void)stream_of(device, stream); }
+
+int new_stream(int device, int priority) {
+  DeviceQueues& d = queues_of(device);
+  std::lock_guard<std::mutex> lock(d.mu);
+  TORCH_CHECK(static_cast<int>(d.streams.size()) < kMaxStreamsPerDevice, "neuron:", device, " has ",
+              kMaxStreamsPerDevice, " streams already (each has a worker thread); reuse streams");
+  auto* s = new StreamQueue();
+  s->device = device;
+  s->id = static_cast<int>(d.streams.size());
+  s->priority = priority < -1 ? -1 : (priority > 0 ? 0 : priority);
+  d.streams.push_back(s);
+  return s->id;
+}
+
+int pool_stream(int device, bool high_priority) {
+  constexpr int kPoolSize = 4;  // per priority (CUDA has 32 per priority; workers are real threads here)
+  DeviceQueues& d = queues_of(device);
+  const int p = high_priority ? 1 : 0;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (static_cast<int>(d.pool[p].size()) == kPoolSize) {
+      const int id = d.pool[p][d.pool_next[p]];
+      d.pool_next[p] = (d.pool_next[p] + 1) % kPoolSize;
+      return id;
+    }
+  }
+  const int id = new_stream(device, high_priority ? -1 : 0);
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.pool[p].push_back(id);
+  return id;
+}
+
+int stream_priority(int device, int stream) { return stream_of(device, stream).priority; }
+
+Launch begin_launch(int32_t name_id) {
+  Launch l;
+  l.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
+  l.host_start_ns = now_ns();
+  l.thread = thread_hash();
+  l.name_id = name_id;
+  l.stack = capture_stack();
+  return l;
+}
+
+uint64_t enqueue(Work w) {
+  StreamQueue& s = stream_of(w.device, w.stream);
+  w.launch.host_end_ns = now_ns();
+  uint64_t pos;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    pos = ++s.enqueued;
+    s.queue.push_back(std::move(w));
+    start_worker_locked(s);
+  }
+  s.cv_work.notify_one();
+  if (launch_blocking() && tls_worker_stream < 0) {
+    wait_on(s, pos, "launch blocking");
+    raise_async_error(s.device);
+  }
+  return pos;
+}
+
+uint64_t stream_enqueued(int device, int stream) {
+  StreamQueue& s = stream_of(device, stream);
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.enqueued;
+}
+uint64_t stream_completed(int device, int stream) {
+  StreamQueue& s = stream_of(device, stream);
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.completed;
+}
+bool stream_idle(int device, int stream) {
+  StreamQueue& s = stream_of(device, stream);
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.completed == s.enqueued;
+}
+
+void raise_async_error(int device) {
+  DeviceQueues& d = queues_of(device);
+  std::optional<AsyncError> e;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    if (!d.error.has_value()) return;
+    e = std::move(d.error);
+    d.error.reset();
+  }
+  const std::string site = launch_site(e->stack);
+  std::ostringstream o;
+  const std::string op = string_of(e->name_id);
+  o << "neuron:" << device << " (stream " << e->stream << "): asynchronous error in "
+    << (op.empty() ? std::string("a kernel") : op) << " launched "
+    << (site.empty() ? std::string("earlier") : "at " + site) << "\n"
+    << e->message << "\n"
+    << "Kernels run asynchronously, so this error is reported at a later synchronisation point than the "
+       "launch; set TORCHNEURON_LAB_LAUNCH_BLOCKING=1 to raise it at the launch itself.";
+  if (e->later > 0) o << " (" << e->later << " later kernel(s) on this device also failed)";
+  // The kernel's own Python exception type (IndexError for an index out of range, ...), as on CPU.
+  switch (e->cls) {
+    case ErrorClass::Index: TORCH_CHECK_INDEX(false, o.str());
+    case ErrorClass::Value: TORCH_CHECK_VALUE(false, o.str());
+    case ErrorClass::Type: TORCH_CHECK_TYPE(false, o.str());
+    case ErrorClass::NotImplemented: TORCH_CHECK_NOT_IMPLEMENTED(false, o.str());
+    case ErrorClass::OutOfMemory: TORCH_CHECK_WITH(OutOfMemoryError, false, o.str());
+    default: TORCH_CHECK(false, o.str());
+  }
+}
+
+void wait_position(int device, int stream, uint64_t pos, const char* what) {
+  StreamQueue& s = stream_of(device, stream);
+  const int64_t t0 = now_ns();
+  wait_on(s, pos, what);
+  record_wait(device, stream, what, t0, now_ns());
+  raise_async_error(device);
+}
+
+void synchronize_stream(int device, int stream, const char* what) {
+  StreamQueue& s = stream_of(device, stream);
+  uint64_t pos;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    pos = s.enqueued;
+  }
+  wait_position(device, stream, pos, what);
+}
+
+void synchronize_device(int device, const char* what) {
+  DeviceQueues& d = queues_of(device);
+  std::vector<StreamQueue*> streams;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    streams = d.streams;
+  }
+  const int64_t t0 = now_ns();
+  for (StreamQueue* s : streams) {
+    uint64_t pos;
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      pos = s->enqueued;
+    }
+    wait_on(*s, pos, what);
+  }
+  record_wait(device, -1, what, t0, now_ns());
+  raise_async_error(device);
+}
+
+void drain_all() {
+  if (tls_worker_stream >= 0) return;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    DeviceQueues* q = g_queues[d];
+    if (q == nullptr) continue;
+    std::vector<StreamQueue*> streams;
+    {
+      std::lock_guard<std::mutex> lock(q->mu);
+      streams = q->streams;
+    }
+    for (StreamQueue* s : streams) {
+      uint64_t pos;
+      {
+        std::lock_guard<std::mutex> lock(s->mu);
+        pos = s->enqueued;
+      }
+      try {
+        wait_on(*s, pos, "drain");
+      } catch (...) {
+      }
+    }
+  }
+}
+
+void synchronize_all(const char* what) {
+  for (int d = 0; d < device_count() && d < kMaxDevices; ++d)
+    if (g_queues[d] != nullptr) synchronize_device(d, what);
+}
+
+void cancel_queued(int device) {
+  DeviceQueues& d = queues_of(device);
+  d.cancel_epoch.fetch_add(1);
+  std::vector<StreamQueue*> streams;
+  {
+    std::lock_guard<std::mutex> lock(d.mu);
+    streams = d.streams;
+  }
+  for (StreamQueue* s : streams) {
+    std::lock_guard<std::mutex> lock(s->mu);
+    for (Work& w : s->queue) w.run = nullptr;
+  }
+}
+
+uint64_t cancel_epoch(int device) { return queues_of(device).cancel_epoch.load(); }
+
+int worker_stream() { return tls_worker_stream; }
+uint64_t worker_position() { return tls_worker_pos; }
+
+void record_event(NeuronEvent* ev, int device, int stream) {
+  ev->device = device;
+  ev->stream = stream;
+  Work w;
+  w.device = device;
+  w.stream = stream;
+  w.launch.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
+  w.launch.host_start_ns = now_ns();
+  w.launch.name_id = -1;
+  // The marker stamps the device time at which everything before it on the stream has completed.
+  NeuronEvent* target = ev;
+  const bool timing = ev->timing;
+  w.run = [target, timing](const Launch&) {
+    if (timing) target->time_ns.store(now_ns());
+  };
+  ev->time_ns.store(0);
+  StreamQueue& s = stream_of(device, stream);
+  w.launch.host_end_ns = now_ns();
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    ev->pos = ++s.enqueued;
+    s.queue.push_back(std::move(w));
+    start_worker_locked(s);
+  }
+  s.cv_work.notify_one();
+}
+
+bool event_done(const NeuronEvent* ev) {
+  if (ev == nullptr || ev->pos == 0) return true;
+  StreamQueue& s = stream_of(ev->device, ev->stream);
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.completed >= ev->pos;
+}
+
+void stream_wait_event(int device, int stream, const NeuronEvent* ev) {
+  if (ev == nullptr || ev->pos == 0) return;  // never recorded: nothing to wait for (as CUDA)
+  if (ev->device == device && ev->stream == stream) return;  // stream order already guarantees it
+  StreamQueue* other = &stream_of(ev->device, ev->stream);
+  const uint64_t pos = ev->pos;
+  Work w;
+  w.device = device;
+  w.stream = stream;
+  w.launch = Launch{};
+  w.launch.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
+  w.launch.host_start_ns = now_ns();
+  w.run = [other, pos](const Launch&) {
+    // A device-side wait: this stream's worker blocks until the other stream passes the marker.
+    std::unique_lock<std::mutex> lock(other->mu);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(sync_timeout_s());
+    TORCH_CHECK(other->cv_done.wait_until(lock, deadline, [&] { return other->completed >= pos; }),
+                "a neuron stream waited more than ", sync_timeout_s(), " s for an event on stream ", other->id,
+                " (TORCHNEURON_LAB_SYNC_TIMEOUT)");
+  };
+  enqueue(std::move(w));
+}
+
+}  // namespace tnl
