@@ -12,3 +12,4 @@
 #include "profiler.cpp"
 #include "bindings.cpp"
 #include "cuda_parity.cpp"
+#include "layouts.cpp"
