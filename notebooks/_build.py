@@ -157,7 +157,12 @@ before = %neuron_graph_breaks -o out = model(x)
     code("""
 print(f"before the fix: {before.graph_count} graphs, {before.break_count} graph breaks")
 for b in before.breaks:
-    print(f" - {b['location']}: {b['reason']}")
+    print(f" - {b['location']}: {b['reason']} (counted {b['count']}x)")
+"""),
+    md("""
+Two places break the graph. The `.item()` break is counted twice: the magic compiles the statement
+`out = model(x)`, so Dynamo meets the `.item()` once while inlining `forward` into the statement and again in
+`forward`'s own frame (compiling `model` directly counts it once).
 """),
     md("""
 ## The fix

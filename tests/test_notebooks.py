@@ -101,6 +101,8 @@ def test_02_graph_breaks(tmp_path: Path) -> None:
     graphs_before = number(r"before the fix: (\d+) graphs", text)
     breaks_before = number(r"before the fix: \d+ graphs, (\d+) graph breaks", text)
     assert graphs_before >= 3 and breaks_before >= 2
+    listed = [int(n) for n in re.findall(r"^ - cell \[\d+\], line \d+: .* \(counted (\d+)x\)$", text, re.MULTILINE)]
+    assert len(listed) == 2 and sum(listed) == breaks_before  # two places; the listed counts add up
     assert "Tensor.item()" in text and "Data-dependent" in text
     assert "after the fix: 1 graphs, 0 graph breaks" in text
     assert "same result: True" in text
