@@ -132,6 +132,10 @@ def saved(t):
     buf.seek(0)
     return buf
 
+def unsafe_in_inference_mode(op, **layout):  # no autograd keys: the key BackendSelect computes decides
+    with torch.inference_mode():
+        return op(crow.to("neuron"), col.to("neuron"), vals.to("neuron"), [2, 2], device="neuron", **layout)
+
 class WithCsrBuffer(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -155,6 +159,11 @@ facts = {
         crow, col, vals, layout=torch.sparse_csr, device="neuron"))),
     "csr_factory_neuron_members": outcome(made(lambda: torch.sparse_csr_tensor(
         crow.to("neuron"), col.to("neuron"), vals.to("neuron"), (2, 2)))),
+    "ops_csr_tensor_neuron_members": outcome(made(lambda: torch.ops.aten.sparse_csr_tensor.crow_col_value_size(
+        crow.to("neuron"), col.to("neuron"), vals.to("neuron"), [2, 2], device="neuron"))),
+    "ops_unsafe_compressed_inference": outcome(made(lambda: unsafe_in_inference_mode(
+        torch.ops.aten._sparse_compressed_tensor_unsafe, layout=torch.sparse_csr))),
+    "ops_unsafe_csr_inference": outcome(made(lambda: unsafe_in_inference_mode(torch.ops.aten._sparse_csr_tensor_unsafe))),
     "empty_csr": outcome(made(lambda: torch.empty(2, 2, layout=torch.sparse_csr, device="neuron"))),
     "zeros_bsc": outcome(made(lambda: torch.zeros(2, 2, layout=torch.sparse_bsc, device="neuron"))),
     # sparse compressed: converting a neuron tensor
@@ -206,6 +215,9 @@ def test_non_strided_layouts_raise_one_clear_error_at_the_boundary() -> None:
         "bsr_factory": ("aten::sparse_compressed_tensor.comp_plain_value_size", COMPRESSED),
         "compressed_factory_no_size": ("aten::sparse_compressed_tensor.comp_plain_value", COMPRESSED),
         "csr_factory_neuron_members": ("aten::sparse_compressed_tensor.comp_plain_value_size", COMPRESSED),
+        "ops_csr_tensor_neuron_members": ("aten::sparse_csr_tensor.crow_col_value_size", COMPRESSED),
+        "ops_unsafe_compressed_inference": ("aten::_sparse_compressed_tensor_unsafe", COMPRESSED),
+        "ops_unsafe_csr_inference": ("aten::_sparse_csr_tensor_unsafe", COMPRESSED),
         "empty_csr": ("aten::empty.memory_format", COMPRESSED),
         "zeros_bsc": ("aten::zeros", COMPRESSED),
         "to_sparse_csr_on_neuron": ("aten::_to_sparse_csr", COMPRESSED),

@@ -9,13 +9,14 @@
 // PrivateUse1 backend) and lands in ATen's composite _to_copy, which copies the member tensors to neuron (dense
 // copies the device accepts) and wraps them in a compressed tensor with no further dispatch on a sparse key.
 // torch.sparse_csr_tensor(..., device="neuron") (aten::sparse_compressed_tensor), torch.zeros(...,
-// layout=torch.sparse_csr, device="neuron") and _sparse_compressed_tensor_with_dims take the same road.
+// layout=torch.sparse_csr, device="neuron"), _sparse_compressed_tensor_with_dims and the implicit-composite
+// constructors (torch.ops.aten.sparse_csr_tensor, _sparse_compressed_tensor_unsafe ...) take the same road.
 //
 // The class closed here: at load, every aten operator with a composite kernel and no kernel of its own for
-// SparseCsrPrivateUse1 gets the error kernel there (a direct registration outranks the composite one). An op
-// only reaches that key when one of its tensors, or the tensor it is asked to make, is sparse compressed and on
-// neuron, so nothing that works on the device changes. Dense-to-sparse conversions of a neuron tensor
-// (_to_sparse*) raise before the host computes the conversion.
+// SparseCsrPrivateUse1 gets the error kernel there (a direct registration outranks the composite one; details at
+// CompositeOverrides). An op only reaches that key when one of its tensors, or the tensor it is asked to make,
+// is sparse compressed and on neuron, so nothing that works on the device changes. Dense-to-sparse conversions
+// of a neuron tensor (_to_sparse*) raise before the host computes the conversion.
 //
 // Left open (README.md): torch.empty_like(cpu_sparse_compressed, device="neuron") dispatches on the CPU tensor
 // alone (SparseCsrCPU, no BackendSelect), and overriding a CPU kernel makes PyTorch warn at every import.
@@ -64,28 +65,55 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&to_sparse_error>());
 }
 
-// Every aten op with a composite kernel gets the error kernel for SparseCsrPrivateUse1 (about 1,500 ops,
-// ~15 ms at load). SparsePrivateUse1 and QuantizedPrivateUse1 need no such list: making a COO or quantized
-// tensor always ends in a backend op for its key (_sparse_coo_tensor_with_dims_and_tensors, empty.memory_format,
-// _empty_affine_quantized ...), which reaches kernels.cpp's fallback.
+bool is_compressed_constructor(const std::string& name) {  // name without "aten::"
+  for (const char* op : {"sparse_csr_tensor", "sparse_csc_tensor", "sparse_bsr_tensor", "sparse_bsc_tensor",
+                         "_sparse_csr_tensor_unsafe", "_sparse_csc_tensor_unsafe", "_sparse_bsr_tensor_unsafe",
+                         "_sparse_bsc_tensor_unsafe", "_sparse_compressed_tensor_unsafe"})
+    if (name == op) return true;
+  return false;
+}
+
+// SparseCsrPrivateUse1 gets the error kernel for every aten op with an explicit composite kernel, and for the
+// implicit composites reached through BackendSelect (the sparse constructors, to.dtype_layout): about 1,500 ops,
+// ~3 ms at load. The compressed constructors that are implicit composites (torch.ops.aten.sparse_csr_tensor,
+// _sparse_compressed_tensor_unsafe ...) assemble the tensor without dispatching again, and run at the Autograd
+// key before BackendSelect, or (without `layout`, under inference_mode) at the dense key BackendSelect computes:
+// they also get it for AutogradPrivateUse1 and PrivateUse1 (reached when a member or the target is neuron).
+// SparsePrivateUse1 and QuantizedPrivateUse1 need no such list: making a COO or quantized tensor always ends in
+// a backend op for its key (_sparse_coo_tensor_with_dims_and_tensors, empty.memory_format, empty_quantized ...),
+// which reaches kernels.cpp's fallback.
 struct CompositeOverrides {
-  torch::Library lib{torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__, __LINE__};
+  torch::Library sparse_csr{torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__,
+                            __LINE__};
+  torch::Library autograd{torch::Library::IMPL, "aten", c10::DispatchKey::AutogradPrivateUse1, __FILE__,
+                          __LINE__};
+  torch::Library dense{torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__, __LINE__};
+
+  static void add(torch::Library& lib, const std::string& qualified) {
+    try {
+      lib.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&compressed_error>());
+    } catch (const c10::Error&) {  // an op the dispatcher refuses to override keeps its composite kernel
+    }
+  }
 
   CompositeOverrides() {
-    constexpr auto key = c10::DispatchKey::SparseCsrPrivateUse1;
+    using K = c10::DispatchKey;
     auto& d = c10::Dispatcher::singleton();
     for (const auto& name : d.getAllOpNames()) {
       if (name.name.rfind("aten::", 0) != 0) continue;
       auto op = d.findOp(name);
-      if (!op || op->hasKernelForDispatchKey(key)) continue;
-      if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
-        continue;
-      const std::string qualified =
-          name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
-      try {
-        lib.impl(qualified.c_str(), torch::CppFunction::makeFromBoxedFunction<&compressed_error>());
-      } catch (const c10::Error&) {  // an op the dispatcher refuses to override keeps its composite kernel
+      if (!op) continue;
+      const bool explicit_composite = op->hasKernelForDispatchKey(K::CompositeExplicitAutograd) ||
+                                      op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional);
+      const bool implicit_factory = op->hasKernelForDispatchKey(K::CompositeImplicitAutograd) &&
+                                    op->hasKernelForDispatchKey(K::BackendSelect);
+      if (!explicit_composite && !implicit_factory) continue;
+      const std::string base = name.name.substr(6);
+      const std::string qualified = base + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      if (!op->hasKernelForDispatchKey(K::SparseCsrPrivateUse1)) add(sparse_csr, qualified);
+      if (implicit_factory && is_compressed_constructor(base)) {
+        if (!op->hasKernelForDispatchKey(K::AutogradPrivateUse1)) add(autograd, qualified);
+        if (!op->hasKernelForDispatchKey(K::PrivateUse1)) add(dense, qualified);
       }
     }
   }
