@@ -169,6 +169,7 @@ class Report:
     rows: list[dict[str, Any]] = field(default_factory=list)
     ratios: list[dict[str, Any]] = field(default_factory=list)
     costs: list[dict[str, Any]] = field(default_factory=list)
+    limits: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     # -- collected results
@@ -216,6 +217,12 @@ class Report:
             "added_pct": 100.0 * added / off.median_ns,
         }
         self.costs.append(row)
+        return row
+
+    def limit(self, key: str, label: str, value: float, unit: str, bar: float) -> dict[str, Any]:
+        """An absolute bar (``value <= bar``, e.g. microseconds per event), counted with the ratio bars."""
+        row = {"key": key, "label": label, "value": value, "unit": unit, "bar": bar, "pass": value <= bar}
+        self.limits.append(row)
         return row
 
     def single(self, key: str, label: str, side: Side, n: int) -> dict[str, Any]:
@@ -275,12 +282,19 @@ class Report:
                 f"  [off {r['off']['median_ns']:.0f} ns, on {r['on']['median_ns']:.0f} ns]"
             )
 
+    def print_limit_lines(self, rows: list[dict[str, Any]]) -> None:
+        for r in rows:
+            print(
+                f"LIMIT {r['key']} = {r['value']:.3f} {r['unit']}"
+                f"  [bar <= {r['bar']:.2f} {r['unit']}: {'PASS' if r['pass'] else 'FAIL'}]"
+            )
+
     def failed_bars(self) -> list[str]:
-        return [r["key"] for r in self.ratios if r["pass"] is False]
+        return [r["key"] for r in self.ratios + self.limits if r["pass"] is False]
 
     def finish(self) -> int:
         failed = self.failed_bars()
-        bars = [r for r in self.ratios if r["bar"] is not None]
+        bars = [r for r in self.ratios + self.limits if r["bar"] is not None]
         if bars:
             print()
             print(
@@ -300,8 +314,10 @@ class Report:
                 "ratios": {r["key"]: r["ratio"] for r in self.ratios},
                 "bars": {r["key"]: {"bar": r["bar"], "pass": r["pass"]} for r in bars},
                 "costs_ns_per_op": {r["key"]: r["added_ns_per_op"] for r in self.costs},
+                "limits": {r["key"]: r["value"] for r in self.limits},
                 "rows": self.rows,
                 "costs": self.costs,
+                "limit_rows": self.limits,
                 **self.extra,
             }
             path = os.path.abspath(self.args.json)

@@ -1,14 +1,16 @@
-"""Run a short script in a fresh interpreter that imports this checkout (shared by the device tests).
+"""Run a short script in a fresh interpreter that imports this checkout: the one subprocess helper of the tests.
 
-Used where a test needs state that only exists before the device's first use: configuration,
-environment overrides, a small HBM for OOM, an untouched device. The child prints one JSON line of
-facts and the test asserts on that data.
+Used where a test needs state that only exists before the device's first use (configuration, environment
+overrides, a small HBM for OOM, an untouched device) and wherever a call could crash or hang the interpreter
+(the robustness suite): a crash (SIGSEGV, abort) or a hang is a failed test, never a lost test run. The child
+prints one JSON line of facts last and the test asserts on that data.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -16,6 +18,27 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# Prepended with ``outcomes=True``: ``outcome(fn)`` runs fn and reports its value or the exception a user would
+# see (type and first line); ``emit(facts)`` prints the JSON line.
+OUTCOME_PRELUDE = """
+import json, sys, warnings
+warnings.simplefilter("ignore")
+import torch
+import torchneuron_lab  # noqa: F401
+
+def outcome(fn):
+    try:
+        value = fn()
+    except Exception as e:  # the type and text a user would see
+        return {"error": type(e).__name__, "message": str(e).splitlines()[0] if str(e) else ""}
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().tolist()
+    return {"value": value}
+
+def emit(facts):
+    print(json.dumps(facts))
+"""
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -27,19 +50,40 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return full
 
 
-def run_child(code: str, env: dict[str, str] | None = None, timeout: float = 120) -> dict[str, Any]:
-    """Run ``code`` (dedented) with ``python -c``; return its last stdout line parsed as JSON."""
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        check=False,
-        cwd=ROOT,
-        env=child_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    assert proc.returncode == 0, f"child failed (rc={proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+def run_child_process(
+    code: str, env: dict[str, str] | None = None, timeout: float = 180, *, outcomes: bool = False
+) -> tuple[dict[str, Any], str]:
+    """Run ``code`` (dedented; after OUTCOME_PRELUDE with ``outcomes``) with ``python -c``.
+
+    The child must exit 0 within ``timeout`` seconds and print a JSON line last; returns that line parsed and
+    the child's stderr. A hang, a crash (killed by a signal) or a failure raises AssertionError saying which.
+    """
+    script = (OUTCOME_PRELUDE if outcomes else "") + textwrap.dedent(code)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", script],
+            check=False,
+            cwd=ROOT,
+            env=child_env(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"child hung (no exit within {timeout} s)") from e
+    if proc.returncode < 0:
+        how = f"crashed ({signal.Signals(-proc.returncode).name})"
+    else:
+        how = f"failed (rc={proc.returncode})"
+    assert proc.returncode == 0, f"child {how}:\n{proc.stdout}\n{proc.stderr}"
     lines = [line for line in proc.stdout.splitlines() if line.strip()]
     assert lines, f"child printed nothing; stderr:\n{proc.stderr}"
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    facts: dict[str, Any] = json.loads(lines[-1])
+    return facts, proc.stderr
+
+
+def run_child(
+    code: str, env: dict[str, str] | None = None, timeout: float = 180, *, outcomes: bool = False
+) -> dict[str, Any]:
+    """``run_child_process`` without the stderr: the child's JSON facts."""
+    return run_child_process(code, env, timeout, outcomes=outcomes)[0]

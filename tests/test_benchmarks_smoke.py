@@ -1,5 +1,6 @@
 """Smoke test of the benchmark scripts: each runs with ``--quick`` in a subprocess, exits 0 and prints
-its ratio lines and JSON. Not a timing assertion: the numbers of a quick run are noise, and a failed bar
+its ratio lines and JSON (every script's ratios go through benchmarks/_common.py's Report, so the printed
+RATIO lines and the JSON's ratios are the same set, and each expected line below must be printed). Not a timing assertion: the numbers of a quick run are noise, and a failed bar
 only changes PASS to FAIL in the output (``--strict`` is what turns it into an exit status)."""
 
 from __future__ import annotations
@@ -61,7 +62,22 @@ EXPECTED: dict[str, list[str]] = {
     ],
     "bench_profile_cost.py": [
         r"^READ read\.per_event\.with_stack = \d+\.\d{3} us/event",
-        r"^RATIO gpt2_train\.neuron_profile/torch_profiler = \d+\.\d{3}x  \[bar <= 1\.00x: (PASS|FAIL)\]$",
+        r"^READ read\.per_event\.no_stack = \d+\.\d{3} us/event",
+        r"^LIMIT read\.per_event\.with_stack = \d+\.\d{3} us/event  \[bar <= 1\.00 us/event: (PASS|FAIL)\]$",
+        *(
+            line
+            for step in ("gpt2_train", "encoder_layer_train")
+            for line in (
+                rf"^RATIO {step}\.profile neuron_profile/plain = \d+\.\d{{3}}x$",
+                rf"^RATIO {step}\.torch_profiler torch_profiler/plain = \d+\.\d{{3}}x$",
+                (
+                    rf"^RATIO {step}\.profile_vs_torch_profiler neuron_profile/torch_profiler = \d+\.\d{{3}}x"
+                    r"  \[bar <= 1\.00x: (PASS|FAIL)\]$"
+                ),
+            )
+        ),
+        r"^COST recorder\.add_64x64\.record = [+-]\d+ ns/op",
+        r"^COST recorder\.add_64x64\.with_stack = [+-]\d+ ns/op",
         r"^BARS \d/3 pass",
     ],
     "bench_allocator.py": [
@@ -97,11 +113,11 @@ def test_benchmark_quick_run(script: str, tmp_path: Path) -> None:
     doc = json.loads(out_json.read_text())
     assert doc["quick"] is True
     assert doc["threads"] >= 1
+    # every printed ratio comes from the common Report and is in its JSON, and every expected ratio is printed
     ratio_keys = {m.group(1) for m in re.finditer(r"^RATIO (\S+) ", proc.stdout, re.MULTILINE)}
-    assert ratio_keys
-    if script != "bench_profile_cost.py":  # that script prints its step ratios itself (not via Report)
-        assert ratio_keys == set(doc["ratios"])
-        assert all(v > 0 for v in doc["ratios"].values())
+    assert ratio_keys and ratio_keys == set(doc["ratios"])
+    assert all(v > 0 for v in doc["ratios"].values())
+    assert doc["bars"] and all(isinstance(b["pass"], bool) for b in doc["bars"].values())
     if script == "bench_compile.py":  # the compiled code computed what eager did, on both sides
         for key in COMPILE_CASES:
             diffs = doc["cases"][key]["compiled_vs_eager_max_rel_diff"]

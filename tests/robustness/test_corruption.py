@@ -6,13 +6,14 @@ Classes closed:
 - aliasing between arguments survives the move to host kernels: arguments sharing a neuron storage get
   CPU aliases sharing one storage, so every internal/partial overlap check ATen does on CPU holds;
 - non-strided layouts (sparse, sparse compressed, quantized) raise one NotImplementedError naming the
-  limitation at the first op that would create or use them on neuron;
+  limitation at the boundary: the op that would make one on neuron (a composite kernel such as _to_copy
+  outranks the backend fallback, so layouts.cpp registers the error for SparseCsrPrivateUse1 directly);
 - deterministic mode fills uninitialised memory (NaN / integer max) like CPU and CUDA.
 """
 
 from __future__ import annotations
 
-from tests.robustness._child import run
+from tests._neuron_child import run_child
 
 ALLOCATOR_SIZES = """
 C = torchneuron_lab.device._backend.lib()
@@ -42,7 +43,7 @@ emit(facts)
 
 
 def test_sizes_are_validated_where_they_enter_the_allocator() -> None:
-    facts = run(ALLOCATOR_SIZES, env={"TORCHNEURON_LAB_HBM_BYTES": str(256 << 20)})
+    facts = run_child(ALLOCATOR_SIZES, env={"TORCHNEURON_LAB_HBM_BYTES": str(256 << 20)}, outcomes=True)
     assert facts["storage_minus_1"] == {
         "error": "RuntimeError",
         "message": "Storage.resize_: the new size must be a non-negative number of bytes, got -1",
@@ -97,7 +98,7 @@ emit({k: {"cpu": outcome(cpu[k]), "neuron": outcome(neuron[k])} for k in cpu})
 
 
 def test_every_overlap_check_of_cpu_holds_on_neuron() -> None:
-    facts = run(OVERLAP)
+    facts = run_child(OVERLAP, outcomes=True)
     overlap = (
         "unsupported operation: some elements of the input tensor and the written-to tensor refer to a single "
         "memory location. Please clone() the tensor before performing the operation."
@@ -117,42 +118,126 @@ def test_every_overlap_check_of_cpu_holds_on_neuron() -> None:
 
 
 LAYOUTS = """
+import io
 q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
+crow, col, vals = torch.tensor([0, 1, 2]), torch.tensor([0, 1]), torch.tensor([1.0, 2.0])
+blocks = torch.ones(2, 1, 1)
+
+def made(fn):  # what the call returned, if it returned (no neuron op can use a sparse compressed tensor)
+    return lambda: (lambda t: f"{t.layout} on {t.device}")(fn())
+
+def saved(t):
+    buf = io.BytesIO()
+    torch.save(t, buf)
+    buf.seek(0)
+    return buf
+
+def unsafe_in_inference_mode(op, **layout):  # no autograd keys: the key BackendSelect computes decides
+    with torch.inference_mode():
+        return op(crow.to("neuron"), col.to("neuron"), vals.to("neuron"), [2, 2], device="neuron", **layout)
+
+class WithCsrBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("adjacency", torch.eye(3).to_sparse_csr())
+
 facts = {
-    "coo_to": outcome(lambda: torch.eye(3).to_sparse().to("neuron")),
-    "coo_factory": outcome(lambda: torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,), device="neuron")),
-    "empty_sparse": outcome(lambda: torch.empty(3, layout=torch.sparse_coo, device="neuron")),
-    "csr_use": outcome(lambda: torch.eye(3).to_sparse_csr().to("neuron").to_dense()),
-    "quantized_to": outcome(lambda: q.to("neuron")),
-    "quantize_on_neuron": outcome(lambda: torch.quantize_per_tensor(torch.ones(3, device="neuron"), 0.1, 0, torch.qint8)),
-    "to_sparse_on_neuron": outcome(lambda: torch.eye(3, device="neuron").to_sparse()),
+    # sparse compressed: moving a CPU tensor to neuron
+    "csr_to": outcome(made(lambda: torch.eye(3).to_sparse_csr().to("neuron"))),
+    "csc_to": outcome(made(lambda: torch.eye(3).to_sparse_csc().to("neuron"))),
+    "bsr_to": outcome(made(lambda: torch.eye(4).to_sparse_bsr((2, 2)).to("neuron"))),
+    "bsc_to": outcome(made(lambda: torch.eye(4).to_sparse_bsc((2, 2)).to("neuron"))),
+    "csr_to_dtype_copy": outcome(made(lambda: torch.eye(3).to_sparse_csr().to("neuron:1", torch.float64, copy=True))),
+    "csr_dot_neuron": outcome(made(lambda: torch.eye(3).to_sparse_csr().neuron())),
+    "module_to": outcome(made(lambda: WithCsrBuffer().to("neuron").adjacency)),
+    "load_map_location": outcome(made(lambda: torch.load(saved(torch.eye(3).to_sparse_csr()), map_location="neuron"))),
+    # sparse compressed: factories
+    "csr_factory": outcome(made(lambda: torch.sparse_csr_tensor(crow, col, vals, (2, 2), device="neuron"))),
+    "csc_factory": outcome(made(lambda: torch.sparse_csc_tensor(crow, col, vals, (2, 2), device="neuron"))),
+    "bsr_factory": outcome(made(lambda: torch.sparse_bsr_tensor(crow, col, blocks, (2, 2), device="neuron"))),
+    "compressed_factory_no_size": outcome(made(lambda: torch.sparse_compressed_tensor(
+        crow, col, vals, layout=torch.sparse_csr, device="neuron"))),
+    "csr_factory_neuron_members": outcome(made(lambda: torch.sparse_csr_tensor(
+        crow.to("neuron"), col.to("neuron"), vals.to("neuron"), (2, 2)))),
+    "ops_csr_tensor_neuron_members": outcome(made(lambda: torch.ops.aten.sparse_csr_tensor.crow_col_value_size(
+        crow.to("neuron"), col.to("neuron"), vals.to("neuron"), [2, 2], device="neuron"))),
+    "ops_unsafe_compressed_inference": outcome(made(lambda: unsafe_in_inference_mode(
+        torch.ops.aten._sparse_compressed_tensor_unsafe, layout=torch.sparse_csr))),
+    "ops_unsafe_csr_inference": outcome(made(lambda: unsafe_in_inference_mode(torch.ops.aten._sparse_csr_tensor_unsafe))),
+    "empty_csr": outcome(made(lambda: torch.empty(2, 2, layout=torch.sparse_csr, device="neuron"))),
+    "zeros_bsc": outcome(made(lambda: torch.zeros(2, 2, layout=torch.sparse_bsc, device="neuron"))),
+    # sparse compressed: converting a neuron tensor
+    "to_sparse_csr_on_neuron": outcome(made(lambda: torch.eye(3, device="neuron").to_sparse_csr())),
+    "to_sparse_csc_layout_on_neuron": outcome(made(lambda: torch.eye(3, device="neuron").to_sparse(layout=torch.sparse_csc))),
+    "to_sparse_bsr_on_neuron": outcome(made(lambda: torch.eye(4, device="neuron").to_sparse_bsr((2, 2)))),
+    # the one path left open: empty_like dispatches on the CPU tensor alone; the first op raises
+    "empty_like_csr": outcome(made(lambda: torch.empty_like(torch.eye(3).to_sparse_csr(), device="neuron"))),
+    "empty_like_csr_then_use": outcome(lambda: torch.empty_like(torch.eye(3).to_sparse_csr(), device="neuron").to_dense()),
+    # sparse COO and quantized
+    "coo_to": outcome(made(lambda: torch.eye(3).to_sparse().to("neuron"))),
+    "coo_factory": outcome(made(lambda: torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,), device="neuron"))),
+    "empty_coo": outcome(made(lambda: torch.empty(3, layout=torch.sparse_coo, device="neuron"))),
+    "to_sparse_on_neuron": outcome(made(lambda: torch.eye(3, device="neuron").to_sparse())),
+    "quantized_to": outcome(made(lambda: q.to("neuron"))),
+    "quantize_on_neuron": outcome(made(lambda: torch.quantize_per_tensor(torch.ones(3, device="neuron"), 0.1, 0, torch.qint8))),
+    # what works stays working: dense neuron, and sparse compressed on the CPU
     "dense_still_fine": outcome(lambda: torch.eye(2, device="neuron") * 2),
+    "dense_factories_fine": outcome(lambda: [torch.zeros(2, device="neuron").tolist(),
+                                            torch.empty_like(torch.eye(2), device="neuron").shape[0]]),
+    "cpu_csr_still_fine": outcome(lambda: torch.eye(3).to_sparse_csr() @ torch.arange(3.0)),
 }
 emit(facts)
 """
 
+UNSUPPORTED = (
+    "neuron tensors must be dense and strided (torch.strided, not quantized): {op} would make a {what} tensor on "
+    "the emulated neuron device, which has no kernels for it. Keep it on the CPU, or convert it first (.to_dense() "
+    "for sparse layouts, .dequantize() for quantized tensors), then move it to neuron."
+)
+COMPRESSED = "sparse compressed (CSR/CSC/BSR/BSC)"
 
-def test_non_strided_layouts_raise_one_clear_error() -> None:
-    facts = run(LAYOUTS)
-    head = "neuron tensors must be dense and strided (torch.strided, not quantized): "
-    expected_what = {
-        "coo_to": "sparse",
-        "coo_factory": "sparse",
-        "empty_sparse": "sparse",
-        "csr_use": "sparse compressed (CSR/CSC/BSR/BSC)",
-        "quantized_to": "quantized",
-        "quantize_on_neuron": "quantized",
-        "to_sparse_on_neuron": "Sparse",
+
+def test_non_strided_layouts_raise_one_clear_error_at_the_boundary() -> None:
+    """Each entry point that would make a sparse (COO or compressed) or quantized tensor on neuron raises the
+    same NotImplementedError itself, naming the op; nothing is returned that a later op would reject."""
+    facts = run_child(LAYOUTS, outcomes=True)
+    expected = {
+        "csr_to": ("aten::_to_copy", COMPRESSED),
+        "csc_to": ("aten::_to_copy", COMPRESSED),
+        "bsr_to": ("aten::_to_copy", COMPRESSED),
+        "bsc_to": ("aten::_to_copy", COMPRESSED),
+        "csr_to_dtype_copy": ("aten::_to_copy", COMPRESSED),
+        "csr_dot_neuron": ("aten::_to_copy", COMPRESSED),
+        "module_to": ("aten::_to_copy", COMPRESSED),
+        "load_map_location": ("aten::sparse_compressed_tensor.comp_plain_value_size", COMPRESSED),
+        "csr_factory": ("aten::sparse_compressed_tensor.comp_plain_value_size", COMPRESSED),
+        "csc_factory": ("aten::sparse_compressed_tensor.comp_plain_value_size", COMPRESSED),
+        "bsr_factory": ("aten::sparse_compressed_tensor.comp_plain_value_size", COMPRESSED),
+        "compressed_factory_no_size": ("aten::sparse_compressed_tensor.comp_plain_value", COMPRESSED),
+        "csr_factory_neuron_members": ("aten::sparse_compressed_tensor.comp_plain_value_size", COMPRESSED),
+        "ops_csr_tensor_neuron_members": ("aten::sparse_csr_tensor.crow_col_value_size", COMPRESSED),
+        "ops_unsafe_compressed_inference": ("aten::_sparse_compressed_tensor_unsafe", COMPRESSED),
+        "ops_unsafe_csr_inference": ("aten::_sparse_csr_tensor_unsafe", COMPRESSED),
+        "empty_csr": ("aten::empty.memory_format", COMPRESSED),
+        "zeros_bsc": ("aten::zeros", COMPRESSED),
+        "to_sparse_csr_on_neuron": ("aten::_to_sparse_csr", COMPRESSED),
+        "to_sparse_csc_layout_on_neuron": ("aten::_to_sparse", COMPRESSED),
+        "to_sparse_bsr_on_neuron": ("aten::_to_sparse_bsr", COMPRESSED),
+        "empty_like_csr_then_use": ("aten::_to_dense", COMPRESSED),
+        "coo_to": ("aten::_sparse_coo_tensor_with_dims_and_tensors", "sparse"),
+        "coo_factory": ("aten::_sparse_coo_tensor_with_dims_and_tensors", "sparse"),
+        "empty_coo": ("aten::empty.memory_format", "sparse"),
+        "to_sparse_on_neuron": ("aten::_to_sparse", "sparse"),
+        "quantized_to": ("aten::empty_quantized", "quantized"),
+        "quantize_on_neuron": ("aten::quantize_per_tensor", "quantized"),
     }
-    for name, what in expected_what.items():
-        assert facts[name]["error"] == "NotImplementedError", (name, facts[name])
-        message = facts[name]["message"]
-        assert (
-            message.startswith(head)
-            and f"would make a {what} tensor on the emulated neuron device" in message
-        )
-    assert "aten::quantize_per_tensor" in facts["quantize_on_neuron"]["message"]
+    for name, (op, what) in expected.items():
+        assert facts[name] == {"error": "NotImplementedError", "message": UNSUPPORTED.format(op=op, what=what)}, (
+            name, facts[name])
+    assert facts["empty_like_csr"] == {"value": "torch.sparse_csr on neuron:0"}  # README: stays open
     assert facts["dense_still_fine"] == {"value": [[2.0, 0.0], [0.0, 2.0]]}
+    assert facts["dense_factories_fine"] == {"value": [[0.0, 0.0], 2]}
+    assert facts["cpu_csr_still_fine"] == {"value": [0.0, 1.0, 2.0]}
 
 
 DETERMINISTIC = """
@@ -178,7 +263,7 @@ emit(facts)
 
 
 def test_deterministic_mode_fills_uninitialised_memory_like_cpu() -> None:
-    facts = run(DETERMINISTIC)
+    facts = run_child(DETERMINISTIC, outcomes=True)
     assert facts["off"] == [7.0] and facts["fill_off"] == [7.0]
     assert facts["float"] is True and facts["complex_nan"] is True and facts["empty_like"] is True
     assert facts["int32"] == [2**31 - 1] * 3

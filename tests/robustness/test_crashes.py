@@ -10,7 +10,7 @@ Classes closed:
 
 from __future__ import annotations
 
-from tests.robustness._child import run
+from tests._neuron_child import run_child
 
 FORWARD_AD = """
 import torch.autograd.forward_ad as fwAD
@@ -46,7 +46,7 @@ emit({name: both(fn) for name, fn in
 
 
 def test_forward_mode_ad_and_zero_tensors_match_cpu() -> None:
-    facts = run(FORWARD_AD)
+    facts = run_child(FORWARD_AD, outcomes=True)
     assert facts["jvp"]["neuron"] == {"value": [[0.0, 2.0, 4.0], [2.0, 2.0, 2.0]]}
     assert facts["dual"]["neuron"] == {"value": [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]}
     assert facts["hessian"]["neuron"] == {"value": [[0.0, 0.0, 0.0], [0.0, 6.0, 0.0], [0.0, 0.0, 12.0]]}
@@ -84,7 +84,7 @@ emit({k: {"cpu": outcome(lambda: f("cpu")), "neuron": outcome(lambda: f("neuron"
 
 
 def test_overflowing_sizes_raise_cpus_errors() -> None:
-    facts = run(OVERFLOWING_SIZES)
+    facts = run_child(OVERFLOWING_SIZES, outcomes=True)
     assert facts["resize_2**62"]["neuron"] == {
         "error": "RuntimeError",
         "message": "Storage size calculation overflowed with sizes=[4611686018427387904]",
@@ -115,7 +115,7 @@ emit(facts)
 def test_a_failed_resize_or_set_leaves_the_tensor_as_it_was() -> None:
     # CPU leaves x claiming 2**62 elements over a 16-byte storage after the first failure (its next op
     # reads out of bounds); neuron keeps the old geometry, so the randomized stress test cannot crash here.
-    facts = run(FAILED_RESIZE_LEAVES_TENSOR_INTACT)
+    facts = run_child(FAILED_RESIZE_LEAVES_TENSOR_INTACT, outcomes=True)
     assert (
         facts["overflow"]["message"] == "Storage size calculation overflowed with sizes=[4611686018427387904]"
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.robustness._child import run
+from tests._neuron_child import run_child, run_child_process
 
 INIT = """
 facts = {"before": torch.neuron.is_initialized()}
@@ -16,10 +16,10 @@ emit(facts)
 
 
 def test_init_and_device_capability() -> None:
-    facts = run(INIT)
+    facts = run_child(INIT, outcomes=True)
     assert facts["before"] is False and facts["after"] is True and facts["stats_untouched"] == 0
     assert facts["capability"] == [3, 0] and facts["capability_1"] == [3, 0]  # trn2: NeuronCore-v3
-    assert run(INIT, env={"TORCHNEURON_LAB_PROFILE": "trn1"})["capability"] == [2, 0]
+    assert run_child(INIT, env={"TORCHNEURON_LAB_PROFILE": "trn1"}, outcomes=True)["capability"] == [2, 0]
 
 
 PINNED = """
@@ -41,7 +41,7 @@ emit(facts)
 
 
 def test_pin_memory_pins_host_memory_for_neuron() -> None:
-    facts = run(PINNED)
+    facts = run_child(PINNED, outcomes=True)
     assert facts["plain"] is False
     assert facts["pinned"] == [True, True, True, "cpu"]
     assert facts["values"] == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
@@ -72,7 +72,7 @@ emit(facts)
 
 
 def test_backend_metadata_and_view_sharing_survive_save_and_load() -> None:
-    facts = run(METADATA_AND_SERIALIZATION)
+    facts = run_child(METADATA_AND_SERIALIZATION, outcomes=True)
     assert facts["meta"] == {"neuron.layout_hint": True, "neuron.cast": False}
     assert facts["plain_meta"] == {}
     assert facts["meta_after_load"] == facts["meta"]
@@ -105,7 +105,7 @@ emit(facts)
 
 
 def test_generator_offsets_and_deepcopy() -> None:
-    facts = run(GENERATORS)
+    facts = run_child(GENERATORS, outcomes=True)
     assert facts["offset_fresh"] == 0
     assert facts["offset_after_1000_floats"] == 1000  # one 32-bit draw per float32
     assert facts["replayed_from_offset"] is True
@@ -126,7 +126,7 @@ emit(facts)
 
 
 def test_invalid_device_index_raises_runtime_error_like_cuda() -> None:
-    facts = run(INVALID_INDEX)
+    facts = run_child(INVALID_INDEX, outcomes=True)
     msg = "invalid neuron device index 5: there are 2 emulated neuron devices (neuron:0 .. neuron:1)"
     assert facts["empty"] == {"error": "RuntimeError", "message": msg}
     assert facts["to"]["error"] == "RuntimeError" and facts["to"]["message"].startswith(
@@ -150,17 +150,17 @@ emit({"mm_count": rows["aten::mm"].count,
 
 
 def test_legacy_profiler_gives_positive_device_times_quietly() -> None:
-    facts = run(LEGACY_PROFILER)
+    facts, stderr = run_child_process(LEGACY_PROFILER, outcomes=True)
     assert facts["mm_count"] == 3
     assert facts["mm_device_us_positive"] is True and facts["all_non_negative"] is True
-    assert facts["_stderr_bytes"] < 2000  # was 18 MB of C++ backtraces
+    assert len(stderr) < 2000  # was 18 MB of C++ backtraces
 
 
 def test_quantized_tensors_name_the_limitation() -> None:
-    facts = run("""
+    facts = run_child("""
 q = torch.quantize_per_tensor(torch.ones(3), 0.1, 0, torch.qint8)
 emit({"to": outcome(lambda: q.to("neuron")), "empty": outcome(lambda: torch._empty_affine_quantized((2,), dtype=torch.quint8, device="neuron"))})
-""")
+""", outcomes=True)
     for name in ("to", "empty"):
         assert facts[name]["error"] == "NotImplementedError"
         assert "would make a quantized tensor on the emulated neuron device" in facts[name]["message"]

@@ -13,7 +13,7 @@ Classes closed:
 
 from __future__ import annotations
 
-from tests.robustness._child import run
+from tests._neuron_child import run_child
 
 FORK_WHILE_ALLOCATING = """
 import os, threading, time
@@ -62,7 +62,7 @@ emit({"results": results, "parent_in_bad_fork": torch.neuron._is_in_bad_fork(),
 
 
 def test_fork_while_another_thread_allocates_never_deadlocks() -> None:
-    facts = run(FORK_WHILE_ALLOCATING, timeout=400)
+    facts = run_child(FORK_WHILE_ALLOCATING, timeout=400, outcomes=True)
     assert facts["results"] == [0] * 30
     assert facts["parent_in_bad_fork"] is False
     assert facts["parent_still_works"] == [2.0, 2.0, 2.0]
@@ -89,7 +89,7 @@ emit({"child": child, "initialized": torch.neuron.is_initialized()})
 
 
 def test_a_child_forked_before_first_use_may_use_the_device() -> None:
-    facts = run(FORK_BEFORE_USE)
+    facts = run_child(FORK_BEFORE_USE, outcomes=True)
     assert facts["child"] == {"value": [1.0, 2.0, 3.0], "bad_fork": False}
     assert facts["initialized"] is True
 
@@ -120,7 +120,7 @@ SHARING_ERROR = (
 
 
 def test_sending_a_neuron_tensor_to_another_process_fails_in_the_caller() -> None:
-    facts = run(SHARING)
+    facts = run_child(SHARING, outcomes=True)
     for name in ("queue_put", "queue_put_nested", "simple_queue_put", "pickle_storage", "pickle_parameter"):
         assert facts[name] == {"error": "RuntimeError", "message": SHARING_ERROR}, name
     assert facts["cpu_round_trip"] == [0.0, 1.0, 2.0]
@@ -164,7 +164,7 @@ emit(facts)
 
 
 def test_dataloader_workers_returning_neuron_tensors_fail_promptly_with_the_reason() -> None:
-    facts = run(DATALOADER, timeout=300)
+    facts = run_child(DATALOADER, timeout=300, outcomes=True)
     made = facts["made_in_unused_parent"]
     assert made["error"] == "RuntimeError" and made["sharing"] is True and made["seconds"] < 60
     held = facts["held_by_parent"]
@@ -211,7 +211,7 @@ emit({"neuron_differs": sum(a != b for a, b in zip(alone_n, noisy_n)),
 
 
 def test_neuron_generator_is_independent_of_cpu_draws_in_other_threads() -> None:
-    facts = run(RNG_THREADS, timeout=300)
+    facts = run_child(RNG_THREADS, timeout=300, outcomes=True)
     assert facts["n"] == [200, 400]
     assert facts["neuron_differs"] == 0
     assert facts["cpu_differs"] == 0

@@ -10,7 +10,7 @@ baseline once everything is freed.
 
 from __future__ import annotations
 
-from tests.robustness._child import run
+from tests._neuron_child import run_child
 
 STRESS = """
 import random, threading, time
@@ -109,7 +109,8 @@ emit(facts)
 
 
 def test_random_stress_keeps_every_allocator_invariant() -> None:
-    facts = run(STRESS, env={"TORCHNEURON_LAB_HBM_BYTES": str(32 << 20), "STRESS_SECONDS": "20"}, timeout=240)
+    facts = run_child(STRESS, env={"TORCHNEURON_LAB_HBM_BYTES": str(32 << 20), "STRESS_SECONDS": "20"}, timeout=240,
+                      outcomes=True)
     assert facts["failures"] == []
     assert facts["overlaps"] == 0
     assert facts["requested"][0] == facts["requested"][1]

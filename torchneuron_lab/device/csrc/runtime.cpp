@@ -13,3 +13,4 @@
 #include "profiler.cpp"
 #include "bindings.cpp"
 #include "cuda_parity.cpp"
+#include "layouts.cpp"
