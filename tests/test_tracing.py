@@ -395,7 +395,7 @@ def test_top_kernels_estimate_total(events: list[KernelEvent]) -> None:
 
 def test_sync_events(events: list[KernelEvent]) -> None:
     assert sync_events(events) == [
-        {"seq": 4, "name": "aten::item", "device": 0, "start_ns": BASE + 6000, "end_ns": BASE + 6400,
+        {"seq": 4, "name": "aten::item", "device": 0, "stream": 0, "start_ns": BASE + 6000, "end_ns": BASE + 6400,
          "wait_ns": 400, "source": "cell [3], line 2", "location": "cell [3], line 2"}
     ]
 
