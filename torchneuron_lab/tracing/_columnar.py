@@ -56,6 +56,8 @@ def _mask_of(cols: RecordedColumns, kinds: tuple[str, ...]) -> np.ndarray:
 def _lane_slices(cols: RecordedColumns, idx: np.ndarray, *extra_keys: np.ndarray) -> list[tuple[int, str, np.ndarray]]:
     """Rows ``idx`` split per lane (device, engine), lanes in display order; inside a lane the rows are
     sorted by ``extra_keys`` (most significant first), stably."""
+    if len(idx) == 0:
+        return []
     a = cols.arrays
     dev = a["device"][idx].astype(np.int64)
     eng = a["engine"][idx].astype(np.int64)
