@@ -9,6 +9,7 @@ functions the event path uses. numpy is imported here, and this module is import
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 import numpy as np
@@ -23,10 +24,7 @@ _EMPTY = np.zeros(0, dtype=np.int64)
 
 def _subset(cols: RecordedColumns, idx: np.ndarray) -> list[KernelEvent]:
     """Events of rows ``idx`` only."""
-    sub = RecordedColumns(n=len(idx), arrays={k: v[idx] for k, v in cols.arrays.items()}, strings=cols.strings,
-                          kinds=cols.kinds, engines=cols.engines, directions=cols.directions,
-                          stack_frames=cols.stack_frames, stack_sources=cols.stack_sources)
-    return sub.events()
+    return cols.events_at(idx)
 
 
 def _merged(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -214,9 +212,10 @@ def _lanes(cols: RecordedColumns, busy_idx: np.ndarray) -> tuple[list[dict[str, 
         setter = np.maximum.accumulate(np.where(e == run, np.arange(len(e)), -1))
         after = cols.strings_of(a["name"][rows[setter[at - 1]]])
         before = cols.strings_of(a["name"][rows[at]])
-        for g0, g1, an, bn in zip(run[at - 1].tolist(), s[at].tolist(), after, before):
-            gaps.append({"device": dev, "engine": engine, "start_ns": g0, "end_ns": g1, "gap_ns": g1 - g0,
-                         "after": an, "before": bn})
+        g0, g1 = run[at - 1], s[at]
+        gaps.extend([{"device": dev, "engine": engine, "start_ns": x0, "end_ns": x1, "gap_ns": d,
+                      "after": an, "before": bn}
+                     for x0, x1, d, an, bn in zip(g0.tolist(), g1.tolist(), (g1 - g0).tolist(), after, before)])
     return util, gaps
 
 
@@ -247,6 +246,16 @@ def _classify(cols: RecordedColumns, sync_events: list[KernelEvent]) -> dict[str
 
 def summarize_columns(cols: RecordedColumns, *, k: int | None = 10) -> dict[str, Any]:
     """:func:`torchneuron_lab.tracing.summarize` of the events of ``cols``, computed on the columns."""
+    gc_was = gc.isenabled()
+    gc.disable()  # one gap row per kernel, none cyclic: collecting while building them is wasted work
+    try:
+        return _summarize_columns(cols, k)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _summarize_columns(cols: RecordedColumns, k: int | None) -> dict[str, Any]:
     a = cols.arrays
     start, end = a["start_ns"], a["end_ns"]
     bad = np.flatnonzero(end < start)
@@ -257,9 +266,10 @@ def summarize_columns(cols: RecordedColumns, *, k: int | None = 10) -> dict[str,
     syncs = _subset(cols, np.flatnonzero(_mask_of(cols, ("sync",))))
     new_sig = _subset(cols, np.flatnonzero(a["new_signature"] != 0))
     util, gaps = _lanes(cols, busy_idx)
+    bound = _classify(cols, syncs)
     return {
         "num_events": cols.n,
-        "span_ns": int(end.max() - start.min()) if cols.n else 0,
+        "span_ns": bound["span_ns"],
         "activity": _activity(start, end, busy),
         "time_by_engine": _time_by_engine(cols, busy_idx),
         "top_kernels": _top_kernels(cols, k),
@@ -269,5 +279,5 @@ def summarize_columns(cols: RecordedColumns, *, k: int | None = 10) -> dict[str,
         "lane_utilization": util,
         "idle_gaps": gaps,
         "host_waits": S.host_waits(syncs),
-        "bound": _classify(cols, syncs),
+        "bound": bound,
     }

@@ -333,6 +333,31 @@ class RecordedColumns:
             arr = np.full(self.n, ASYNC_COLUMNS[name], dtype=np.int64)
         return arr
 
+    def rows_of_kind(self, *kinds: str) -> Any:
+        """Row indices (numpy) of the events whose kind is one of ``kinds``."""
+        import numpy as np
+
+        codes = [i for i, k in enumerate(self.kinds) if k in kinds]
+        return np.flatnonzero(np.isin(self.arrays["kind"], codes))
+
+    def events_at(self, rows: Any) -> list[KernelEvent]:
+        """The :class:`KernelEvent` objects of the given rows only (e.g. the syncs of a long trace)."""
+        import numpy as np
+
+        rows = np.asarray(rows, dtype=np.int64)
+        sub = RecordedColumns(n=len(rows), arrays={k: v[rows] for k, v in self.arrays.items()},
+                              strings=self.strings, kinds=self.kinds, engines=self.engines,
+                              directions=self.directions, stack_frames=self.stack_frames,
+                              stack_sources=self.stack_sources)
+        return sub.events()
+
+    def kind_counts(self) -> dict[str, int]:
+        """Events per kind."""
+        import numpy as np
+
+        counts = np.bincount(self.arrays["kind"], minlength=len(self.kinds)).tolist() if self.n else []
+        return {k: int(c) for k, c in zip(self.kinds, counts) if c}
+
     def strings_of(self, ids: Any) -> list[str]:
         """The strings of ``ids`` into :attr:`strings` (-1: '')."""
         return self._strings_of(ids)

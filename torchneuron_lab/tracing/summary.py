@@ -397,7 +397,11 @@ def host_waits(events: Iterable[KernelEvent], *, top: int | None = 5) -> dict[st
     for ``item()``, 'copy d2h', 'torch.neuron.synchronize', ...), and holds the ``top`` lines (None: all).
     A sync without a known line is grouped under 'unknown'.
     """
-    syncs = _select(events, ("sync",))
+    cols = getattr(events, "columns", None)
+    if isinstance(cols, RecordedColumns):  # a recorded trace: build the sync rows' events only
+        syncs = cols.events_at(cols.rows_of_kind("sync"))
+    else:
+        syncs = _select(events, ("sync",))
     groups: dict[str, list[KernelEvent]] = defaultdict(list)
     for e in syncs:
         groups[e.location or "unknown"].append(e)
@@ -559,7 +563,8 @@ def _fmt_ns(ns: float) -> str:
 
 # ------------------------------------------------------------------------------ summarize
 def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str, Any]:
-    """All summaries at once: ``num_events``, ``span_ns``, ``activity`` (union of lanes),
+    """All summaries at once: ``num_events``, ``span_ns`` (first event start, or first host launch of an
+    asynchronous trace, to the last event end), ``activity`` (union of lanes),
     ``time_by_engine``, ``top_kernels``, ``sync_events``, ``transfers``, ``new_signatures``,
     ``lane_utilization`` and ``idle_gaps`` (per lane), ``host_waits`` and ``bound``
     (:func:`classify_region`).
@@ -573,10 +578,10 @@ def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str,
 
         return summarize_columns(cols, k=k)
     evs = list(events)
-    span = (max(e.end_ns for e in evs) - min(e.start_ns for e in evs)) if evs else 0
+    bound = classify_region(evs)
     return {
         "num_events": len(evs),
-        "span_ns": span,
+        "span_ns": bound["span_ns"],
         "activity": activity(evs),
         "time_by_engine": time_by_engine(evs),
         "top_kernels": top_kernels(evs, k),
@@ -586,5 +591,5 @@ def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str,
         "lane_utilization": lane_utilization(evs),
         "idle_gaps": idle_gaps(evs),
         "host_waits": host_waits(evs),
-        "bound": classify_region(evs),
+        "bound": bound,
     }
