@@ -139,12 +139,13 @@ class KernelEvent:
     subgraph: int = -1
     thread: int = 0
     stack: tuple[StackFrame, ...] = ()
+    est_ns: float | None = None
+    source: str | None = None
+    # the asynchronous device's columns come last, so that positional construction stays as it was
     stream: int = 0
     host_start_ns: int = 0
     host_end_ns: int = 0
     correlation: int = 0
-    est_ns: float | None = None
-    source: str | None = None
 
     def __post_init__(self) -> None:
         if self.end_ns < self.start_ns:
@@ -426,9 +427,9 @@ class RecordedColumns:
             a["subgraph"].tolist(),
             a["thread"].tolist(),
             [frames[i] for i in stack_ix],
-            *(self.column(c).tolist() if c in a else [ASYNC_COLUMNS[c]] * n for c in ASYNC_COLUMNS),
             est_list,
             [sources[i] for i in stack_ix],
+            *(self.column(c).tolist() if c in a else [ASYNC_COLUMNS[c]] * n for c in ASYNC_COLUMNS),
         )
         gc_was = gc.isenabled()
         gc.disable()  # millions of new objects, none cyclic: collecting while building them is wasted work

@@ -105,10 +105,12 @@ def op_family(name: str, kind: str = "kernel") -> str:
     return "other"
 
 
-def lane_label(device: int, engine: str) -> str:
-    """'neuron:0 · tensor'; the host lane is 'host'."""
+def lane_label(device: int, engine: str, stream: int = 0) -> str:
+    """'neuron:0 · tensor' (the default stream), 'neuron:0 · s1 · dma' (stream 1); the host lane is 'host'."""
     if engine == "host" or device < 0:
         return HOST_LANE
+    if stream > 0:
+        return f"{device_name(device)} · s{stream} · {engine}"
     return f"{device_name(device)} · {engine}"
 
 
@@ -116,10 +118,23 @@ def _engine_key(engine: str) -> tuple[int, str]:
     return (ENGINES.index(engine), "") if engine in ENGINES else (len(ENGINES), engine)
 
 
+def _lane_key(e: KernelEvent) -> tuple[int, int, str]:
+    """(device, stream, engine) of the lane an event is drawn on (host events: stream -1)."""
+    if e.engine == "host" or e.device < 0:
+        return (e.device, -1, "host")
+    return (e.device, max(e.stream, 0), e.engine)
+
+
 def lanes_of(events: Iterable[KernelEvent]) -> list[str]:
-    """Lane labels present in ``events``, in display order: devices ascending, engines in
-    :data:`ENGINES` order, the host lane last."""
-    return _lanes_from_keys({(e.device, e.engine) for e in events})
+    """Lane labels present in ``events``, in display order: devices ascending, then streams ascending,
+    engines in :data:`ENGINES` order, the host lane last (also present when a kernel carries its host
+    launch span: the launch is drawn there)."""
+    keys: set[tuple[int, int, str]] = set()
+    for e in events:
+        keys.add(_lane_key(e))
+        if e.host_end_ns > 0:
+            keys.add((-1, -1, "host"))
+    return _lanes_from_keys(keys)
 
 
 # ------------------------------------------------------------------------------------ columns
@@ -138,6 +153,12 @@ class EventColumns:
     kind: np.ndarray
     kinds: list[str]
     t0: int
+    #: host launch span of each event (0, 0 when unknown); :attr:`launched` marks the known ones
+    host_start: np.ndarray | None = None
+    host_end: np.ndarray | None = None
+    #: index of the host lane in :attr:`lanes` (-1: none)
+    host_lane: int = -1
+    device: np.ndarray | None = None
 
     @classmethod
     def build(cls, events: Trace | Iterable[KernelEvent]) -> EventColumns:
@@ -145,16 +166,52 @@ class EventColumns:
         n = len(evs)
         start = np.fromiter((e.start_ns for e in evs), dtype=np.int64, count=n)
         end = np.fromiter((e.end_ns for e in evs), dtype=np.int64, count=n)
-        keys = [(e.device, e.engine) for e in evs]
-        key_to_label = {k: lane_label(*k) for k in set(keys)}
-        lanes = _lanes_from_keys(set(key_to_label))
+        h_end = np.fromiter((e.host_end_ns for e in evs), dtype=np.int64, count=n)
+        launched = h_end > 0
+        h_start = np.fromiter((e.host_start_ns for e in evs), dtype=np.int64, count=n) if launched.any() else h_end
+        keys = [_lane_key(e) for e in evs]
+        key_set = set(keys) | ({(-1, -1, "host")} if launched.any() else set())
+        key_to_label = {k: lane_label(k[0], k[2], k[1]) for k in key_set}
+        lanes = _lanes_from_keys(key_set)
         pos = {lab: i for i, lab in enumerate(lanes)}
         key_to_lane = {k: pos[lab] for k, lab in key_to_label.items()}
         lane = np.fromiter((key_to_lane[k] for k in keys), dtype=np.int32, count=n)
         kind_codes: dict[str, int] = {}
         kind = np.fromiter((kind_codes.setdefault(e.kind, len(kind_codes)) for e in evs), dtype=np.int8, count=n)
+        device = np.fromiter((e.device for e in evs), dtype=np.int32, count=n)
         t0 = int(start.min()) if n else 0
-        return cls(evs, lanes, start, end, lane, kind, list(kind_codes), t0)
+        if launched.any():
+            t0 = min(t0, int(h_start[launched].min()))
+        return cls(evs, lanes, start, end, lane, kind, list(kind_codes), t0, h_start, h_end,
+                   pos.get(HOST_LANE, -1), device)
+
+    @property
+    def launched(self) -> np.ndarray:
+        """Mask of the events whose host launch span is known (an asynchronous trace)."""
+        if self.host_end is None:
+            return np.zeros(len(self.events), dtype=bool)
+        return self.host_end > 0
+
+    @property
+    def is_async(self) -> bool:
+        """True when any event carries its host launch span."""
+        return bool(self.launched.any())
+
+    def launch_columns(self) -> EventColumns:
+        """The launches as columns of their own, for :func:`lod_aggregate`: each event's host span on the
+        host lane (events without a launch span keep their own times; mask them with :attr:`launched`)."""
+        launched = self.launched
+        start = np.where(launched, self.host_start, self.start) if self.host_start is not None else self.start
+        end = np.where(launched, self.host_end, self.end) if self.host_end is not None else self.end
+        lane = np.where(launched, self.host_lane, self.lane).astype(np.int32)
+        return EventColumns(self.events, self.lanes, start, end, lane, self.kind, self.kinds, self.t0,
+                            self.host_start, self.host_end, self.host_lane, self.device)
+
+    def extent(self) -> tuple[int, int]:
+        """First start (host launches included) and last end, in ns (0, 0 when empty)."""
+        if not len(self.events):
+            return 0, 0
+        return self.t0, int(self.end.max())
 
     def kind_mask(self, *kinds: str) -> np.ndarray:
         """Boolean mask of the events whose kind is one of ``kinds``."""
@@ -162,10 +219,10 @@ class EventColumns:
         return np.isin(self.kind, codes)
 
 
-def _lanes_from_keys(keys: set[tuple[int, str]]) -> list[str]:
-    dev = sorted({(d, g) for d, g in keys if g != "host" and d >= 0}, key=lambda k: (k[0], _engine_key(k[1])))
-    labels = [lane_label(d, g) for d, g in dev]
-    if any(g == "host" or d < 0 for d, g in keys):
+def _lanes_from_keys(keys: set[tuple[int, int, str]]) -> list[str]:
+    dev = sorted({k for k in keys if k[2] != "host" and k[0] >= 0}, key=lambda k: (k[0], k[1], _engine_key(k[2])))
+    labels = [lane_label(d, g, st) for d, st, g in dev]
+    if any(g == "host" or d < 0 for d, _, g in keys):
         labels.append(HOST_LANE)
     return labels
 
@@ -311,8 +368,7 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
     n = len(cols.events)
     busy_mask = cols.kind_mask(*_BUSY)
     sync_mask = cols.kind_mask("sync")
-    lo = int(cols.start.min()) if n else 0
-    hi = int(cols.end.max()) if n else 0
+    lo, hi = cols.extent()
     out: dict[str, Any] = {
         "num_events": n,
         "span_ns": hi - lo,
@@ -362,6 +418,62 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
     out["busy_ns"] = busy_union
     out["idle_ns"] = out["span_ns"] - busy_union
     out["idle_gaps"] = union_gaps
+    out["bound"] = bound_of(cols)
+    return out
+
+
+def bound_of(cols: EventColumns) -> dict[str, Any]:
+    """:func:`torchneuron_lab.tracing.classify_region` of the events, computed on the figure's columns
+    (the same rule; only the sync events are looked at one by one)."""
+    from torchneuron_lab.tracing import summary as S
+    from torchneuron_lab.tracing._columnar import _merged, _union_ns
+
+    n = len(cols.events)
+    dev = cols.device if cols.device is not None else np.zeros(n, dtype=np.int32)
+    work = cols.kind_mask("kernel", "dma") & (dev >= 0)
+    ws, we = cols.start[work], cols.end[work]
+    launched = cols.launched[work]
+    h_start = cols.host_start[work] if cols.host_start is not None else ws
+    h_end = cols.host_end[work] if cols.host_end is not None else ws
+    ls, le = h_start[launched], h_end[launched]
+    bs, be = _merged(ws, we)
+    busy_ns = int((be - bs).sum())
+    launch_ns = _union_ns(ls, le)
+    both = _union_ns(np.concatenate([ls, bs]), np.concatenate([le, be]))
+    syncs = [cols.events[i] for i in np.flatnonzero(cols.kind_mask("sync")).tolist()]
+    lo, hi = cols.extent()
+    return S._classification(
+        span=hi - lo, has_work=bool(work.any()), busy_ns=busy_ns,
+        queue_ns=_union_ns(np.minimum(np.where(launched, h_end, ws), ws), we), launch_ns=launch_ns,
+        idle_launching=launch_ns - (launch_ns + busy_ns - both),
+        wait_union=_union_ns(np.asarray([e.start_ns for e in syncs], dtype=np.int64),
+                             np.asarray([e.end_ns for e in syncs], dtype=np.int64)),
+        waits=S.host_waits(syncs, top=3), launches_known=bool(len(ls)),
+    )
+
+
+def queue_depth_steps(cols: EventColumns) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per device, the queue depth as a step function ``(t_ns, depth)``: kernels (and DMA) launched
+    (``host_end_ns``; the start when unknown) and not yet finished, as
+    :func:`torchneuron_lab.tracing.queue_depth` defines it, on whole columns."""
+    n = len(cols.events)
+    dev = cols.device if cols.device is not None else np.zeros(n, dtype=np.int32)
+    work = cols.kind_mask("kernel", "dma") & (dev >= 0)
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    launched = cols.launched
+    enq = np.minimum(np.where(launched, cols.host_end if cols.host_end is not None else cols.start, cols.start),
+                     cols.start)
+    for d in np.unique(dev[work]).tolist():
+        sel = work & (dev == d)
+        t = np.concatenate([enq[sel], cols.end[sel]])
+        step = np.concatenate([np.ones(int(sel.sum()), np.int64), -np.ones(int(sel.sum()), np.int64)])
+        o = np.argsort(t, kind="stable")
+        t, step = t[o], step[o]
+        level = np.cumsum(step)
+        last = np.r_[t[1:] != t[:-1], True]  # the level after every change at the same instant
+        t, level = t[last], level[last]
+        keep = np.r_[True, level[1:] != level[:-1]]
+        out[int(d)] = (t[keep], level[keep])
     return out
 
 
@@ -416,11 +528,22 @@ def event_details(e: KernelEvent, profile: str | None = None, t0: int | None = N
     d: dict[str, Any] = {
         "op": e.name,
         "kind": e.kind,
-        "lane": lane_label(e.device, e.engine),
+        "lane": lane_label(e.device, e.engine, e.stream),
         "duration": _fmt_ns(e.dur_ns),
     }
+    if e.kind == "sync":
+        d["host waited"] = _fmt_ns(e.dur_ns)
+        d["waited on"] = (f"{device_name(e.device)} (all streams)" if e.stream < 0
+                          else f"{device_name(e.device)} stream {e.stream}")
     if t0 is not None:
         d["start"] = f"{_fmt_ns(e.start_ns - t0)} after the first event"
+    if e.host_end_ns > 0:
+        d["stream"] = str(e.stream)
+        d["launched"] = (f"by the host in {_fmt_ns(e.host_end_ns - e.host_start_ns)}"
+                         + (f", {_fmt_ns(e.host_start_ns - t0)} after the first event" if t0 is not None else ""))
+        d["queued"] = f"{_fmt_ns(max(e.start_ns - e.host_end_ns, 0))} between launch and start"
+        if e.correlation:
+            d["correlation"] = str(e.correlation)
     if e.shapes:
         d["shapes"] = e.shapes
     if e.dtypes:
@@ -522,9 +645,14 @@ def time_axis(
     n = len(cols.events)
     if n == 0:
         return TimeAxis(0, 0, [], np.zeros(2), np.zeros(2))
-    lo, hi = int(cols.start.min()), int(cols.end.max())
-    order = np.argsort(cols.start, kind="stable")
-    s, e = cols.start[order], cols.end[order]
+    lo, hi = cols.extent()
+    starts, ends = cols.start, cols.end
+    if cols.is_async:  # a host launch is activity too: its span is never collapsed
+        launched = cols.launched
+        starts = np.concatenate([starts, cols.host_start[launched]])  # type: ignore[index]
+        ends = np.concatenate([ends, cols.host_end[launched]])  # type: ignore[index]
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
     run = np.maximum.accumulate(e)
     gap = s[1:] - run[:-1]
     cand = np.nonzero(gap >= min_ns)[0]
