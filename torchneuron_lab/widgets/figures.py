@@ -39,12 +39,15 @@ __all__ = [
     "BREAK_MIN_NS",
     "FAMILIES",
     "HOST_LANE",
+    "LAUNCH_COLOR",
     "LOD",
+    "MAX_FLOWS",
     "MAX_BREAKS",
     "WEBGL_THRESHOLD",
     "EventColumns",
     "TimeAxis",
     "axis_ticks",
+    "bound_of",
     "event_details",
     "graph_break_rows",
     "graph_breaks_figure",
@@ -54,6 +57,7 @@ __all__ = [
     "memory_figure",
     "memory_timeline",
     "op_family",
+    "queue_depth_steps",
     "segment_map_figure",
     "subgraph_rows",
     "subgraph_table_figure",
@@ -731,6 +735,12 @@ _MARKER_KINDS = {
     "compile": ("compile start", "star", "#e377c2"),
     "oom": ("OOM", "x", "#d62728"),
 }
+#: Colour of host launch spans and of the host's waits at syncs.
+LAUNCH_COLOR = "#9ecae1"
+WAIT_COLOR = "rgba(255,127,14,0.55)"
+#: At most this many launch -> kernel links are drawn (those of the kernels drawn one by one, in time
+#: order); the widget draws the clicked kernel's link as an arrow whatever the count.
+MAX_FLOWS = 400
 #: Thickness of a kernel's bar, in lanes.
 BAR_THICKNESS = 0.7
 #: A bar is drawn at least this many pixels wide (its hover and details give the measured duration).
@@ -747,6 +757,36 @@ def _group_key(e: KernelEvent, color_by: str) -> tuple[str, str, bool]:
         return fam, FAMILIES["dma"] if fam == "dma" else _EAGER_COLOR, False
     fam = op_family(e.name, e.kind)
     return (f"{fam} (compiled)" if compiled else fam), FAMILIES[fam], compiled
+
+
+def _launch_hover(e: KernelEvent, t0: int) -> str:
+    """Hover text of a kernel's host launch span."""
+    rows = [
+        f"<b>launch of {html.escape(e.name)}</b>",
+        f"host: {_fmt_ns(e.host_end_ns - e.host_start_ns)}, {_fmt_ns(e.host_start_ns - t0)} after the first event",
+        f"runs on: {html.escape(lane_label(e.device, e.engine, e.stream))}",
+        f"queued: {_fmt_ns(max(e.start_ns - e.host_end_ns, 0))} between launch and start",
+        f"kernel: {_fmt_ns(e.dur_ns)}",
+        f"source: {html.escape(e.location or 'unknown')}",
+    ]
+    return "<br>".join(rows)
+
+
+def _window_steps(t: np.ndarray, depth: np.ndarray, t0: int, t1: int, pixels: int) -> tuple[np.ndarray, np.ndarray]:
+    """The steps of ``(t, depth)`` inside ``[t0, t1]`` (with the level in force at ``t0``), at most about
+    two points per pixel: where a pixel column holds several steps, its highest level is kept."""
+    if not len(t):
+        return t, depth
+    i0 = max(int(np.searchsorted(t, t0, side="right")) - 1, 0)
+    i1 = int(np.searchsorted(t, t1, side="right"))
+    t, depth = t[i0:i1], depth[i0:i1]
+    if len(t) > 2 * pixels:
+        px = max((t1 - t0) / pixels, 1.0)
+        bins = ((t - t0) // px).astype(np.int64)
+        first = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
+        depth = np.maximum.reduceat(depth, first)
+        t = t[first]
+    return t, depth
 
 
 def _scatter(webgl: bool, **kw: Any) -> go.Scatter | go.Scattergl:
@@ -862,6 +902,69 @@ def timeline_figure(
             customdata=np.column_stack([np.full(k, -1), -(np.arange(k) + 1)]),
             meta={"role": "hover", "compiled": False},
         ))
+    host_y = float(cols.host_lane)
+    flows_drawn = 0
+    n_launches = 0
+    queue_devices: list[int] = []
+    if cols.is_async:
+        launch_px = max(1, round(px * scale))
+        lcols = cols.launch_columns()
+        llod = lod_aggregate(lcols, t0w, t1w, launch_px, mask=cols.launched)
+        n_launches = llod.total
+        ids = llod.singles
+        if len(ids):
+            traces.append(_bars(
+                ax.x(lcols.start[ids]), ax.x(lcols.end[ids]), min_w, y=np.full(len(ids), host_y), name="host launch",
+                legendgroup="host launch", marker={"color": LAUNCH_COLOR, "line": {"width": 0}},
+                hovertext=[_launch_hover(evs[i], t0) for i in ids.tolist()],
+                customdata=np.column_stack([[evs[i].seq for i in ids.tolist()], ids]),
+                meta={"role": "launch"},
+            ))
+        if len(llod.agg_count):
+            k = len(llod.agg_count)
+            traces.append(_bars(
+                ax.x(llod.agg_start), ax.x(llod.agg_end), min_w, y=np.full(k, host_y), name="host launches (merged)",
+                legendgroup="host launch", marker={"color": LAUNCH_COLOR, "line": {"width": 1, "color": "#555"}},
+                hovertext=[f"<b>{int(llod.agg_count[j]):,} launches merged</b> (zoom in to see each)<br>host lane, "
+                           f"span {_fmt_ns(int(llod.agg_end[j] - llod.agg_start[j]))}" for j in range(k)],
+                customdata=np.column_stack([np.full(k, -1), -(np.arange(k) + 1)]), meta={"role": "launch"},
+            ))
+        # the host's waits: a bar for the time it waited (the marker below names the line)
+        waits = np.flatnonzero(cols.kind_mask("sync") & (cols.end > cols.start) & (cols.end >= t0w)
+                               & (cols.start <= t1w))[:max_boxes]
+        if len(waits):
+            traces.append(_bars(
+                ax.x(cols.start[waits]), ax.x(cols.end[waits]), min_w, y=cols.lane[waits].astype(float),
+                name="host wait", legendgroup="host sync", marker={"color": WAIT_COLOR, "line": {"width": 0}},
+                hovertext=[_hover_html(event_details(evs[i], profile, t0)) for i in waits.tolist()],
+                customdata=np.column_stack([[evs[i].seq for i in waits.tolist()], waits]),
+                meta={"role": "hover", "compiled": False},
+            ))
+        # launch -> kernel links for the kernels drawn one by one
+        linked = [i for i in lod.singles.tolist() if cols.launched[i]][:MAX_FLOWS]
+        if linked:
+            li = np.asarray(linked, dtype=np.int64)
+            x_from, x_to = ax.x(cols.host_end[li]), ax.x(cols.start[li])  # type: ignore[index]
+            y_to = cols.lane[li].astype(float)
+            fx: list[float | None] = []
+            fy: list[float | None] = []
+            for a, b, y in zip(x_from.tolist(), x_to.tolist(), y_to.tolist()):
+                fx += [a, b, None]
+                fy += [host_y, y, None]
+            traces.append(go.Scatter(x=fx, y=fy, mode="lines", name="launch → kernel", hoverinfo="skip",
+                                     line={"color": "rgba(90,90,90,0.45)", "width": 1, "dash": "dot"},
+                                     meta={"role": "flow", "count": len(linked)}))
+            flows_drawn = len(linked)
+        for d, (qt, qdepth) in queue_depth_steps(cols).items():
+            qx, qy = _window_steps(qt, qdepth, t0w, t1w, pixels)
+            if not len(qx):
+                continue
+            queue_devices.append(d)
+            traces.append(go.Scatter(
+                x=ax.x(qx), y=qy, mode="lines", line={"shape": "hv", "width": 1.5}, yaxis="y2",
+                name=f"queue depth {device_name(d)}", hovertemplate="queue depth %{y}<extra>" + device_name(d)
+                + "</extra>", meta={"role": "queue", "device": d},
+            ))
     # instant markers: syncs, OOMs (compiles are bars and also get a star)
     mk_idx = np.nonzero(cols.kind_mask(*_MARKER_KINDS))[0]
     if window is not None and len(mk_idx):
@@ -907,7 +1010,8 @@ def timeline_figure(
         fig.add_annotation(x=(x0 + x1) / 2, y=0.5, xref="x", yref="paper", text=f"idle {_fmt_ns(be - bs)}",
                            textangle=-90, showarrow=False, font={"size": 11, "color": "#555"},
                            bgcolor="rgba(255,255,255,0.7)")
-    height = max(260, 100 + 40 * nlanes + (110 if rangeslider else 0))
+    queue_px = 120 if queue_devices else 0
+    height = max(260, 100 + 40 * nlanes + (110 if rangeslider else 0) + queue_px)
     xaxis: dict[str, Any] = {"title": {"text": "time since first event (µs)"}, "showgrid": True, "zeroline": False,
                              "rangeslider": {"visible": rangeslider}}
     if ax.breaks:
@@ -927,7 +1031,9 @@ def timeline_figure(
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
         xaxis=xaxis,
         yaxis={"tickmode": "array", "tickvals": list(range(nlanes)), "ticktext": cols.lanes,
-               "range": [nlanes - 0.5, -0.5], "fixedrange": True, "showgrid": False, "zeroline": False},
+               "range": [nlanes - 0.5, -0.5], "fixedrange": True, "showgrid": False, "zeroline": False,
+               **({"domain": [queue_px / (height - 100 - (110 if rangeslider else 0)) + 0.04, 1.0]}
+                  if queue_devices else {})},
         meta={
             "t0_ns": t0,
             "lanes": cols.lanes,
@@ -939,9 +1045,20 @@ def timeline_figure(
             "kinds": sorted(cols.kinds),
             "breaks": [[bs, be] for bs, be in ax.breaks],
             "x_end": ax.end_x,
+            "async": cols.is_async,
+            "launches": n_launches,
+            "flows": flows_drawn,
+            "queue_devices": queue_devices,
         },
         template="plotly_white",
     )
+    if queue_devices:
+        frac = queue_px / (height - 100 - (110 if rangeslider else 0))
+        fig.update_layout(
+            yaxis2={"domain": [0.0, frac], "title": {"text": "queue", "font": {"size": 11}}, "rangemode": "tozero",
+                    "fixedrange": True, "anchor": "x", "showgrid": True, "zeroline": True},
+            xaxis={"anchor": "y2"},
+        )
     if window is not None:
         fig.update_xaxes(range=[xw0, xw1])
     return fig
