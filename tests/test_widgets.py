@@ -666,3 +666,33 @@ def test_apply_traces_reuses_slots_and_hides_the_rest() -> None:
     assert [(t.type, t.name, t.visible) for t in fw.data] == [
         ("bar", "c", True), ("bar", None, False), ("scatter", "s2", True), ("scattergl", "gl", True)]
     assert list(fw.data[2].x) == [5, 6] and fw.data[2].mode == "lines" and fw.layout.title.text == "T"
+
+
+def test_memory_owners_are_notebook_cells_in_ipython_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Widgets used in a notebook without ``%load_ext torchneuron_lab``: an allocation's owner is its cell
+    ('cell [n], line k'), mapped as the recorder maps kernels, not IPython's compiled-cell file path."""
+    from IPython.testing.globalipapp import get_ipython
+
+    monkeypatch.setattr(recorder, "_source_mapper", None)  # the extension is not loaded
+    shell = get_ipython()
+    mem = torch.neuron.memory
+    mem._record_memory_history("all", context="all")
+    try:
+        r = shell.run_cell("import torch\nmem_owner = torch.empty(7 << 20, dtype=torch.uint8, device='neuron')",
+                           store_history=True)
+        assert r.error_in_exec is None
+        snap = mem._snapshot()
+    finally:
+        mem._record_memory_history(None)
+        shell.user_ns.pop("mem_owner", None)
+    n = r.execution_count
+    cell_file = next(f for f, k in shell.compile._filename_map.items() if k == n)
+    owner = next(row for row in F.top_allocations(snap, 100, device=0) if row["size"] == 7 << 20)
+    assert owner["source"] == f"cell [{n}], line 2"
+    seg = F.segment_map_figure(snap, device=0)
+    text = " ".join(h for t in seg.data if t.name == "allocated block" for h in t.hovertext)
+    assert f"allocated at: cell [{n}], line 2" in text and cell_file not in text
+    # outside IPython (no shell) the same frames read as file:line
+    monkeypatch.setattr("IPython.get_ipython", lambda: None)
+    plain = next(row for row in F.top_allocations(snap, 100, device=0) if row["size"] == 7 << 20)
+    assert plain["source"] == f"{cell_file}:2 in <module>"

@@ -1179,13 +1179,39 @@ def memory_figure(
     return fig
 
 
-def _user_frame(frames: Sequence[Mapping[str, Any]]) -> str:
-    """First frame (innermost first) outside torch/our package, as 'file:line in func'."""
+_INTERNAL_FRAMES = ("/torch/", "/torchneuron_lab/", "/IPython/", "/ipykernel/", "<frozen ")
+
+
+def _cell_mapper() -> Any:
+    """What names a notebook location: the recorder's source mapper (installed by ``%load_ext
+    torchneuron_lab``), else -- the widgets used in a notebook without the extension -- a
+    :class:`~torchneuron_lab.extension.cells.CellMapper` of the running IPython shell, so an owner reads
+    'cell [3], line 2' rather than '/tmp/ipykernel_.../....py'. None outside IPython."""
+    import sys
+
+    rec = sys.modules.get("torchneuron_lab.device.recorder")
+    mapper = getattr(rec, "_source_mapper", None) if rec is not None else None
+    if mapper is not None:
+        return mapper
+    ipy = sys.modules.get("IPython")
+    shell = ipy.get_ipython() if ipy is not None and hasattr(ipy, "get_ipython") else None
+    if shell is None:
+        return None
+    from torchneuron_lab.extension.cells import CellMapper
+
+    return CellMapper(shell)
+
+
+def _user_frame(frames: Sequence[Mapping[str, Any]], mapper: Any = None) -> str:
+    """First frame (innermost first) outside torch, our package and IPython, as its notebook cell
+    ('cell [3], line 2', through ``mapper``) or 'file:line in func'."""
     for fr in frames:
         fn = str(fr.get("filename", ""))
-        if "/torch/" in fn or "/torchneuron_lab/" in fn:
+        if any(tag in fn for tag in _INTERNAL_FRAMES):
             continue
-        return f"{fn}:{fr.get('line', 0)} in {fr.get('name', '')}"
+        line = int(fr.get("line", 0) or 0)
+        mapped = mapper(fn, line) if mapper is not None else None
+        return str(mapped) if mapped else f"{fn}:{line} in {fr.get('name', '')}"
     if frames:
         fr = frames[0]
         return f"{fr.get('filename', '')}:{fr.get('line', 0)} in {fr.get('name', '')}"
@@ -1227,7 +1253,8 @@ def top_allocations(
     """The ``k`` largest live blocks (at ``at_index`` of the history, or now): ``address``, ``size``,
     ``source`` (allocating line)."""
     _, blocks = _state_at(snapshot, device, at_index)
-    rows = [{"address": a, "size": b["size"], "source": _user_frame(b["frames"])} for a, b in blocks.items()]
+    mapper = _cell_mapper()
+    rows = [{"address": a, "size": b["size"], "source": _user_frame(b["frames"], mapper)} for a, b in blocks.items()]
     rows.sort(key=lambda r: (-r["size"], r["address"]))
     return rows[:k]
 
@@ -1242,6 +1269,7 @@ def segment_map_figure(
     ``layout.meta`` holds ``{"segments", "blocks", "allocated_bytes", "reserved_bytes"}``.
     """
     segs, blocks = _state_at(snapshot, device, at_index)
+    mapper = _cell_mapper()
     seg_list = sorted(segs.items())
     labels = [f"seg {i} ({_fmt_bytes(size)})" for i, (_, size) in enumerate(seg_list)]
     mib = 1 / 2**20
@@ -1257,7 +1285,7 @@ def segment_map_figure(
                 bbase.append((baddr - addr) * mib)
                 by.append(label)
                 btext.append(f"block {hex(baddr)}<br>size: {_fmt_bytes(b['size'])}<br>"
-                             f"allocated at: {html.escape(_user_frame(b['frames']))}")
+                             f"allocated at: {html.escape(_user_frame(b['frames'], mapper))}")
     fig = go.Figure()
     fig.add_trace(go.Bar(x=free_x, base=free_base, y=free_y, orientation="h", name="free (cached)",
                          marker={"color": "#e5e5e5"}, hovertemplate="segment %{y}<extra></extra>"))
