@@ -652,6 +652,8 @@ def test_widget_updates_never_delete_traces_and_zoom_is_one_update() -> None:
     sent.clear()
     w.figure.plotly_relayout({"xaxis.range[0]": end * 0.50, "xaxis.range[1]": end * 0.52})
     assert sent.count("_send_addTraces_msg") == 0 and "_send_deleteTraces_msg" not in sent
+    assert sent.count("_send_update_msg") == 1  # traces, ticks and the zoomed range together
+    assert w.figure.layout.xaxis.autorange is False and w.window is not None
 
 
 def test_apply_traces_reuses_slots_and_hides_the_rest() -> None:

@@ -283,19 +283,22 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
                 self._hooked.add(tr.uid)
                 tr.on_click(self._on_click)
 
-    def redraw(self, window: tuple[int, int] | None = None) -> None:
-        """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode."""
+    def redraw(self, window: tuple[int, int] | None = None, layout: Mapping[str, Any] | None = None) -> None:
+        """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode; ``layout``
+        properties go to the front end in the same single update."""
         self.window = window
         fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
                                 pixels=self.pixels, window=window, rangeslider=True, width=self.width,
                                 axis=self.axis)
-        layout: dict[str, Any] = {"meta": fig.layout.meta, "shapes": fig.layout.shapes,
+        update: dict[str, Any] = {"meta": fig.layout.meta, "shapes": fig.layout.shapes,
                                   "annotations": fig.layout.annotations}
         if self.axis.breaks:  # tick labels of a compressed axis are computed for the window
-            layout["xaxis.tickvals"] = fig.layout.xaxis.tickvals
-            layout["xaxis.ticktext"] = fig.layout.xaxis.ticktext
+            update["xaxis.tickvals"] = fig.layout.xaxis.tickvals
+            update["xaxis.ticktext"] = fig.layout.xaxis.ticktext
+        update.update(layout or {})
         self._base_annotations = list(fig.layout.annotations)
-        apply_traces(self.figure, list(fig.data), layout)
+        self.flow = None
+        apply_traces(self.figure, list(fig.data), update)
         self._hook_clicks()
 
     def _on_color(self, change: Mapping[str, Any]) -> None:
@@ -325,10 +328,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         if self.window is None and not meta.get("merged") and not self.axis.breaks:
             self.window = window  # nothing was merged and the ticks are plotly's: nothing to refine
             return
-        self.redraw(window)
-        with self.figure.batch_update():
-            self.figure.layout.xaxis.autorange = False
-            self.figure.layout.xaxis.range = [x0, x1]
+        self.redraw(window, {"xaxis.autorange": False, "xaxis.range": [x0, x1]})
 
     # -- clicks --------------------------------------------------------------------------------
     def _on_click(self, trace: Any, points: Any, selector: Any = None) -> None:
