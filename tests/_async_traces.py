@@ -84,3 +84,31 @@ def two_streams() -> dict[str, list[Any]]:
     c.kernel("aten::mm", 300, 600, launch=(160, 200), device=1, source="cell [5], line 4")
     c.sync("aten::_local_scalar_dense", 210, 1000, source="cell [5], line 5", stream=0)
     return c.columns()
+
+
+def training_loop(steps: int = 6) -> dict[str, list[Any]]:
+    """A training-like loop for pictures and the browser test: per step the host launches 6 ops (8 µs
+    each); the kernels run on stream 0 (tensor/vector/scalar engines), a prefetch copy on stream 1, and
+    the step ends with ``loss.item()`` (the host waits for the queue to drain), then 20 µs of Python."""
+    c = _Cols()
+    us = 1_000
+    t = 0
+    ops = (("aten::mm", "tensor", 30), ("aten::add.Tensor", "scalar", 6), ("aten::relu", "scalar", 5),
+           ("aten::mm", "tensor", 28), ("aten::_log_softmax", "vector", 12), ("aten::nll_loss_forward", "vector", 9))
+    for step in range(steps):
+        dev_free = t
+        for j, (name, engine, dur) in enumerate(ops):
+            launch = (t, t + 8 * us)
+            start = max(launch[1], dev_free)
+            c.kernel(name, start, start + dur * us, launch=launch, engine=engine,
+                     source=f"cell [6], line {3 + j}")
+            dev_free = start + dur * us
+            t = launch[1]
+        copy_start = t + 2 * us
+        c.kernel("aten::copy_", copy_start + 4 * us, copy_start + 34 * us, launch=(t, copy_start), stream=1,
+                 engine="dma", kind="dma", source="cell [6], line 9")
+        t = copy_start
+        c.sync("aten::_local_scalar_dense", t, max(dev_free, t + us), source="cell [6], line 10", stream=0)
+        t = max(dev_free, t + us) + 20 * us
+        del step
+    return c.columns()

@@ -694,6 +694,8 @@ def test_memory_owners_are_notebook_cells_in_ipython_without_the_extension(monke
     seg = F.segment_map_figure(snap, device=0)
     text = " ".join(h for t in seg.data if t.name == "allocated block" for h in t.hovertext)
     assert f"allocated at: cell [{n}], line 2" in text and cell_file not in text
+    # a block allocated before history recording has no frames: said so, not guessed
+    assert F._user_frame([]) == "unknown (allocated before allocator history was recorded with context)"
     # outside IPython (no shell) the same frames read as file:line
     monkeypatch.setattr("IPython.get_ipython", lambda: None)
     plain = next(row for row in F.top_allocations(snap, 100, device=0) if row["size"] == 7 << 20)

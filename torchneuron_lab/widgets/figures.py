@@ -738,6 +738,8 @@ _MARKER_KINDS = {
 #: Colour of host launch spans and of the host's waits at syncs.
 LAUNCH_COLOR = "#9ecae1"
 WAIT_COLOR = "rgba(255,127,14,0.55)"
+#: Queue-depth line colour per device.
+QUEUE_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2")
 #: At most this many launch -> kernel links are drawn (those of the kernels drawn one by one, in time
 #: order); the widget draws the clicked kernel's link as an arrow whatever the count.
 MAX_FLOWS = 400
@@ -961,7 +963,8 @@ def timeline_figure(
                 continue
             queue_devices.append(d)
             traces.append(go.Scatter(
-                x=ax.x(qx), y=qy, mode="lines", line={"shape": "hv", "width": 1.5}, yaxis="y2",
+                x=ax.x(qx), y=qy, mode="lines", yaxis="y2",
+                line={"shape": "hv", "width": 1.5, "color": QUEUE_COLORS[d % len(QUEUE_COLORS)]},
                 name=f"queue depth {device_name(d)}", hovertemplate="queue depth %{y}<extra>" + device_name(d)
                 + "</extra>", meta={"role": "queue", "device": d},
             ))
@@ -1215,7 +1218,7 @@ def _user_frame(frames: Sequence[Mapping[str, Any]], mapper: Any = None) -> str:
     if frames:
         fr = frames[0]
         return f"{fr.get('filename', '')}:{fr.get('line', 0)} in {fr.get('name', '')}"
-    return "unknown (record history with context to see it)"
+    return "unknown (allocated before allocator history was recorded with context)"
 
 
 def _state_at(snapshot: Mapping[str, Any], device: int, index: int | None) -> tuple[dict[int, int], dict[int, dict[str, Any]]]:
