@@ -700,3 +700,21 @@ def test_memory_owners_are_notebook_cells_in_ipython_without_the_extension(monke
     monkeypatch.setattr("IPython.get_ipython", lambda: None)
     plain = next(row for row in F.top_allocations(snap, 100, device=0) if row["size"] == 7 << 20)
     assert plain["source"] == f"{cell_file}:2 in <module>"
+
+
+def test_timeline_sources_are_notebook_cells_in_ipython_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    from IPython.testing.globalipapp import get_ipython
+
+    monkeypatch.setattr(recorder, "_source_mapper", None)  # the extension is not loaded
+    shell = get_ipython()
+    shell.user_ns["recorder"] = recorder
+    r = shell.run_cell("import torch\ntl_x = torch.ones(4, 4, device='neuron')\n"
+                       "with recorder.record(with_stack=True) as tl_box:\n    tl_y = tl_x * 3\n", store_history=True)
+    assert r.error_in_exec is None
+    trace = shell.user_ns.pop("tl_box")[0]
+    n = r.execution_count
+    (mul,) = [e for e in trace.events if e.kind == "kernel"]
+    assert mul.location is not None and not mul.location.startswith("cell [")  # what the recorder stored
+    assert F.event_details(mul)["source"] == f"cell [{n}], line 4"
+    w = TimelineWidget(trace)
+    assert w.select(trace.events.index(mul))["event"]["source"] == f"cell [{n}], line 4"

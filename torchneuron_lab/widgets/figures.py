@@ -49,6 +49,7 @@ __all__ = [
     "axis_ticks",
     "bound_of",
     "event_details",
+    "event_location",
     "graph_break_rows",
     "graph_breaks_figure",
     "lane_label",
@@ -526,6 +527,23 @@ def _fmt_rate(amount: float, ns: int, unit: str) -> str:
     return f"{per_s:.2f} {unit}/s"
 
 
+def event_location(e: KernelEvent, mapper: Any = None) -> str | None:
+    """Where the event was launched: its notebook cell when the innermost user frame of its stack is a
+    cell -- also when the recorder had no mapper (the widgets used without ``%load_ext torchneuron_lab``:
+    the running IPython shell's cell map, :func:`_cell_mapper`) -- else ``e.location``."""
+    src = e.location
+    if not e.stack or (src and src.startswith("cell [")):
+        return src
+    m = mapper if mapper is not None else _cell_mapper()
+    if m is None:
+        return src
+    for fr in reversed(e.stack):
+        if any(tag in fr.filename for tag in _INTERNAL_FRAMES):
+            continue
+        return m(fr.filename, fr.line) or src
+    return src
+
+
 def event_details(e: KernelEvent, profile: str | None = None, t0: int | None = None) -> dict[str, Any]:
     """The hover/details fields of one event as an ordered dict of label -> text (with ``t0``, the
     trace's first start in ns, also ``start``: the measured time since then)."""
@@ -559,7 +577,7 @@ def event_details(e: KernelEvent, profile: str | None = None, t0: int | None = N
         d["achieved compute"] = _fmt_rate(e.flops, e.dur_ns, "FLOP")
     if e.direction:
         d["direction"] = e.direction
-    d["source"] = e.location or "unknown"
+    d["source"] = event_location(e) or "unknown"
     d["subgraph"] = str(e.subgraph) if e.subgraph >= 0 else "eager"
     d["new signature"] = "yes (first seen: a NEFF compile on Trainium)" if e.new_signature else "no"
     if e.est_ns is not None:
@@ -769,7 +787,7 @@ def _launch_hover(e: KernelEvent, t0: int) -> str:
         f"runs on: {html.escape(lane_label(e.device, e.engine, e.stream))}",
         f"queued: {_fmt_ns(max(e.start_ns - e.host_end_ns, 0))} between launch and start",
         f"kernel: {_fmt_ns(e.dur_ns)}",
-        f"source: {html.escape(e.location or 'unknown')}",
+        f"source: {html.escape(event_location(e) or 'unknown')}",
     ]
     return "<br>".join(rows)
 
