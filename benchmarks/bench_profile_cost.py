@@ -111,9 +111,10 @@ def bench_summarize(n_events: int, rounds: int) -> dict[str, float]:
         order = [("cols", t_cols), ("list", t_list)] if r % 2 == 0 else [("list", t_list), ("cols", t_cols)]
         got: dict[str, Any] = {}
         for name, t in order:
-            fn = (lambda t=t: got.setdefault("cols", summarize(t, k=None))) if name == "cols" else (
-                lambda t=t: got.setdefault("list", summarize(t.events, k=None)))
-            (cols_s if name == "cols" else list_s).append(_timed_s(fn))
+            def run(t: Any = t, name: str = name, got: dict[str, Any] = got) -> None:
+                got[name] = summarize(t, k=None) if name == "cols" else summarize(t.events, k=None)
+
+            (cols_s if name == "cols" else list_s).append(_timed_s(run))
         same = same and got["cols"] == got["list"]
     recorder.clear()
     return {"events": n, "columns_us": statistics.median(cols_s) / n * 1e6,

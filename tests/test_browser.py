@@ -358,6 +358,8 @@ def _check_async_timeline(page: Any, shot: Path) -> None:
     """The asynchronous timeline: a host lane with launches and waits, a lane per stream, links from each
     launch to its kernel, the queue-depth panel, the verdict in the summary bar; a click on a kernel
     draws the arrow from its launch and the details say how long it was queued."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
     widget = page.locator(".tnl-async").first
     widget.wait_for(timeout=240_000)
     widget.scroll_into_view_if_needed()
@@ -392,8 +394,8 @@ def _check_async_timeline(page: Any, shot: Path) -> None:
             page.wait_for_function(
                 "() => document.querySelectorAll('.tnl-async .annotation-arrow-g').length === 1", timeout=10_000)
             break
-        except Exception:  # noqa: BLE001 - the comm was not up yet: retry
-            continue
+        except PlaywrightTimeoutError:  # the comm was not up yet: retry
+            page.wait_for_timeout(200)
     assert page.evaluate("() => document.querySelectorAll('.tnl-async .annotation-arrow-g').length") == 1
     details = widget.locator(".tnl-details").inner_text()
     assert "aten::mm" in details and "queued" in details and "launched" in details, details

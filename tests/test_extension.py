@@ -159,6 +159,8 @@ def test_graph_breaks_line_and_cell_locations(ip: Any) -> None:
     assert "graph_break" in res.breaks[0]["reason"] and res.breaks[0]["hints"]
     assert sorted(res.ops_per_graph().values()) == [1, 1]
     assert torch.equal(res.output.cpu(), torch.full((4, 4), 4.0))
+    page = res._repr_html_()  # every result renders as HTML (it did not once: a profile-only attribute)
+    assert page.startswith("<p><b>") and f"cell [{n}], line 4" in page
 
     r = ip.run_cell("%%neuron_graph_breaks -q\ngy = gx - 1\ntorch._dynamo.graph_break()\ngz = gy * 3",
                     store_history=True)

@@ -573,9 +573,9 @@ def test_annotate_estimates(events: list[KernelEvent]) -> None:
 # --------------------------------------------------------------------------------------------------
 # the asynchronous device (issue 12): launch spans, streams, syncs, classification
 # --------------------------------------------------------------------------------------------------
-import _async_traces as A  # noqa: E402
+import _async_traces as A
 
-from torchneuron_lab.tracing import (  # noqa: E402
+from torchneuron_lab.tracing import (
     ASYNC_COLUMNS,
     RecordedColumns,
     activity,

@@ -200,8 +200,6 @@ class GraphBreaksResult(_Rich):
 
     def _repr_html_(self) -> str:
         parts = [f"<p><b>{html.escape(self._headline())}</b></p>"]
-        if self._bound_line():
-            parts.append(f"<p class='tnl-bound'>{html.escape(str(self._bound_line()))}</p>")
         if self.graphs:
             parts.append(_html_section("Graphs", _html_table(
                 ("id", "kind", "name", "ops", "kernels", "fallbacks"),

@@ -29,11 +29,11 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "ASYNC_COLUMNS",
     "COLUMNS",
     "DATAFRAME_COLUMNS",
     "DIRECTIONS",
     "ENGINES",
-    "ASYNC_COLUMNS",
     "EXTRA_COLUMNS",
     "KINDS",
     "REQUIRED_COLUMNS",

@@ -405,7 +405,7 @@ def host_waits(events: Iterable[KernelEvent], *, top: int | None = 5) -> dict[st
     groups: dict[str, list[KernelEvent]] = defaultdict(list)
     for e in syncs:
         groups[e.location or "unknown"].append(e)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "location": loc,
             "count": len(g),
@@ -447,7 +447,9 @@ def queue_depth(events: Iterable[KernelEvent], device: int | None = None) -> dic
         d[e.end_ns] -= 1
     out: dict[int, dict[str, list[int]]] = {}
     for dev in sorted(deltas):
-        ts, depth, level = [], [], 0
+        ts: list[int] = []
+        depth: list[int] = []
+        level = 0
         for t in sorted(deltas[dev]):
             level += deltas[dev][t]
             if depth and depth[-1] == level:

@@ -41,8 +41,8 @@ __all__ = [
     "HOST_LANE",
     "LAUNCH_COLOR",
     "LOD",
-    "MAX_FLOWS",
     "MAX_BREAKS",
+    "MAX_FLOWS",
     "WEBGL_THRESHOLD",
     "EventColumns",
     "TimeAxis",
@@ -931,13 +931,13 @@ def timeline_figure(
         lcols = cols.launch_columns()
         llod = lod_aggregate(lcols, t0w, t1w, launch_px, mask=cols.launched)
         n_launches = llod.total
-        ids = llod.singles
-        if len(ids):
+        lids = llod.singles
+        if len(lids):
             traces.append(_bars(
-                ax.x(lcols.start[ids]), ax.x(lcols.end[ids]), min_w, y=np.full(len(ids), host_y), name="host launch",
+                ax.x(lcols.start[lids]), ax.x(lcols.end[lids]), min_w, y=np.full(len(lids), host_y), name="host launch",
                 legendgroup="host launch", marker={"color": LAUNCH_COLOR, "line": {"width": 0}},
-                hovertext=[_launch_hover(evs[i], t0) for i in ids.tolist()],
-                customdata=np.column_stack([[evs[i].seq for i in ids.tolist()], ids]),
+                hovertext=[_launch_hover(evs[i], t0) for i in lids.tolist()],
+                customdata=np.column_stack([[evs[i].seq for i in lids.tolist()], lids]),
                 meta={"role": "launch"},
             ))
         if len(llod.agg_count):
