@@ -31,7 +31,7 @@ def _merged(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Union of ``[s, e)`` intervals as sorted disjoint (starts, ends); touching intervals merge."""
     if len(s) == 0:
         return _EMPTY, _EMPTY
-    o = np.lexsort((e, s))
+    o = np.argsort(s)  # the order among equal starts does not change the union
     s, e = s[o], e[o]
     run = np.maximum.accumulate(e)
     new = np.ones(len(s), dtype=bool)

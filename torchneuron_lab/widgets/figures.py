@@ -27,6 +27,7 @@ import html
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -123,11 +124,15 @@ def _engine_key(engine: str) -> tuple[int, str]:
     return (ENGINES.index(engine), "") if engine in ENGINES else (len(ENGINES), engine)
 
 
+def _lane_key_of(device: int, stream: int, engine: str) -> tuple[int, int, str]:
+    """(device, stream, engine) of the lane an event is drawn on (host events: (-1, -1, 'host'))."""
+    if engine == "host" or device < 0:
+        return (-1, -1, "host")
+    return (device, max(stream, 0), engine)
+
+
 def _lane_key(e: KernelEvent) -> tuple[int, int, str]:
-    """(device, stream, engine) of the lane an event is drawn on (host events: stream -1)."""
-    if e.engine == "host" or e.device < 0:
-        return (e.device, -1, "host")
-    return (e.device, max(e.stream, 0), e.engine)
+    return _lane_key_of(e.device, e.stream, e.engine)
 
 
 def lanes_of(events: Iterable[KernelEvent]) -> list[str]:
@@ -169,26 +174,34 @@ class EventColumns:
     def build(cls, events: Trace | Iterable[KernelEvent]) -> EventColumns:
         evs = list(events.events if isinstance(events, Trace) else events)
         n = len(evs)
-        start = np.fromiter((e.start_ns for e in evs), dtype=np.int64, count=n)
-        end = np.fromiter((e.end_ns for e in evs), dtype=np.int64, count=n)
-        h_end = np.fromiter((e.host_end_ns for e in evs), dtype=np.int64, count=n)
+
+        def column(name: str) -> np.ndarray:  # C-level iteration: no Python frame per event
+            return np.fromiter(map(attrgetter(name), evs), dtype=np.int64, count=n)
+
+        start, end, h_end = column("start_ns"), column("end_ns"), column("host_end_ns")
         launched = h_end > 0
-        h_start = np.fromiter((e.host_start_ns for e in evs), dtype=np.int64, count=n) if launched.any() else h_end
-        keys = [_lane_key(e) for e in evs]
-        key_set = set(keys) | ({(-1, -1, "host")} if launched.any() else set())
-        key_to_label = {k: lane_label(k[0], k[2], k[1]) for k in key_set}
+        h_start = column("host_start_ns") if launched.any() else h_end
+        raw = list(map(attrgetter("device", "stream", "engine"), evs))
+        lane_keys = {k: _lane_key_of(*k) for k in set(raw)}
+        key_set = set(lane_keys.values()) | ({(-1, -1, "host")} if launched.any() else set())
         lanes = _lanes_from_keys(key_set)
         pos = {lab: i for i, lab in enumerate(lanes)}
-        key_to_lane = {k: pos[lab] for k, lab in key_to_label.items()}
-        lane = np.fromiter((key_to_lane[k] for k in keys), dtype=np.int32, count=n)
-        kind_codes: dict[str, int] = {}
-        kind = np.fromiter((kind_codes.setdefault(e.kind, len(kind_codes)) for e in evs), dtype=np.int8, count=n)
-        device = np.fromiter((e.device for e in evs), dtype=np.int32, count=n)
+        raw_to_lane = {k: pos[lane_label(lk[0], lk[2], lk[1])] for k, lk in lane_keys.items()}
+        lane = np.fromiter(map(raw_to_lane.__getitem__, raw), dtype=np.int32, count=n)
+        kinds_seen = list(dict.fromkeys(map(attrgetter("kind"), evs)))
+        kind_codes = {k: i for i, k in enumerate(kinds_seen)}
+        kind = np.fromiter(map(kind_codes.__getitem__, map(attrgetter("kind"), evs)), dtype=np.int8, count=n)
+        # one device per lane (the host lane: -1); work on a device never sits on the host lane
+        lane_device = np.full(len(lanes), -1, dtype=np.int32)
+        for k, lk in lane_keys.items():
+            if lk[2] != "host":
+                lane_device[raw_to_lane[k]] = lk[0]
+        device = lane_device[lane] if n else np.zeros(0, dtype=np.int32)
         t0 = int(start.min()) if n else 0
         if launched.any():
             t0 = min(t0, int(h_start[launched].min()))
-        return cls(evs, lanes, start, end, lane, kind, list(kind_codes), t0, h_start, h_end,
-                   pos.get(HOST_LANE, -1), device)
+        return cls(evs, lanes, start, end, lane, kind, kinds_seen, t0, h_start, h_end, pos.get(HOST_LANE, -1),
+                   device)
 
     @property
     def launched(self) -> np.ndarray:
@@ -423,7 +436,8 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
     out["busy_ns"] = busy_union
     out["idle_ns"] = out["span_ns"] - busy_union
     out["idle_gaps"] = union_gaps
-    out["bound"] = bound_of(cols)
+    # what bounds the region needs the host side: only an asynchronous trace (launch spans) has it
+    out["bound"] = bound_of(cols) if cols.is_async else None
     return out
 
 
@@ -472,7 +486,7 @@ def queue_depth_steps(cols: EventColumns) -> dict[int, tuple[np.ndarray, np.ndar
         sel = work & (dev == d)
         t = np.concatenate([enq[sel], cols.end[sel]])
         step = np.concatenate([np.ones(int(sel.sum()), np.int64), -np.ones(int(sel.sum()), np.int64)])
-        o = np.argsort(t, kind="stable")
+        o = np.argsort(t)  # changes at one instant are summed: their order does not matter
         t, step = t[o], step[o]
         level = np.cumsum(step)
         last = np.r_[t[1:] != t[:-1], True]  # the level after every change at the same instant
