@@ -26,7 +26,7 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
 
@@ -169,6 +169,8 @@ class EventColumns:
     #: index of the host lane in :attr:`lanes` (-1: none)
     host_lane: int = -1
     device: np.ndarray | None = None
+    #: derived columns computed once per trace (queue depth, launch columns): zooms reuse them
+    cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(cls, events: Trace | Iterable[KernelEvent]) -> EventColumns:
@@ -218,12 +220,16 @@ class EventColumns:
     def launch_columns(self) -> EventColumns:
         """The launches as columns of their own, for :func:`lod_aggregate`: each event's host span on the
         host lane (events without a launch span keep their own times; mask them with :attr:`launched`)."""
+        if "launch_columns" in self.cache:
+            return self.cache["launch_columns"]  # type: ignore[no-any-return]
         launched = self.launched
         start = np.where(launched, self.host_start, self.start) if self.host_start is not None else self.start
         end = np.where(launched, self.host_end, self.end) if self.host_end is not None else self.end
         lane = np.where(launched, self.host_lane, self.lane).astype(np.int32)
-        return EventColumns(self.events, self.lanes, start, end, lane, self.kind, self.kinds, self.t0,
-                            self.host_start, self.host_end, self.host_lane, self.device)
+        out = EventColumns(self.events, self.lanes, start, end, lane, self.kind, self.kinds, self.t0,
+                           self.host_start, self.host_end, self.host_lane, self.device)
+        self.cache["launch_columns"] = out
+        return out
 
     def extent(self) -> tuple[int, int]:
         """First start (host launches included) and last end, in ns (0, 0 when empty)."""
@@ -475,10 +481,13 @@ def queue_depth_steps(cols: EventColumns) -> dict[int, tuple[np.ndarray, np.ndar
     """Per device, the queue depth as a step function ``(t_ns, depth)``: kernels (and DMA) launched
     (``host_end_ns``; the start when unknown) and not yet finished, as
     :func:`torchneuron_lab.tracing.queue_depth` defines it, on whole columns."""
+    if "queue_depth" in cols.cache:
+        return cols.cache["queue_depth"]  # type: ignore[no-any-return]
     n = len(cols.events)
     dev = cols.device if cols.device is not None else np.zeros(n, dtype=np.int32)
     work = cols.kind_mask("kernel", "dma") & (dev >= 0)
     out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    cols.cache["queue_depth"] = out
     launched = cols.launched
     enq = np.minimum(np.where(launched, cols.host_end if cols.host_end is not None else cols.start, cols.start),
                      cols.start)
