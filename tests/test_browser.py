@@ -146,6 +146,17 @@ def _xaxis(page: Any) -> dict[str, Any]:
     )
 
 
+def _plot_state(page: Any) -> Any:
+    """What plotly.js holds for the first timeline: every trace (name, visible, points) and the axes -- the
+    evidence to keep when a check fails (the 'empty axes' class of failure)."""
+    return page.evaluate(
+        """() => { const gd = document.querySelector('.tnl-timeline .js-plotly-plot');
+                   if (!gd) return null;
+                   return {traces: gd.data.map(t => [t.name, t.visible, t.x ? t.x.length : null]),
+                           x: gd._fullLayout.xaxis.range, y: gd._fullLayout.yaxis.range,
+                           yticks: (gd.layout.yaxis || {}).ticktext, meta: gd.layout.meta}; }""")
+
+
 def _wait_for(page: Any, predicate: Any, what: str, timeout_s: float = 30) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     state = _xaxis(page)
@@ -154,7 +165,7 @@ def _wait_for(page: Any, predicate: Any, what: str, timeout_s: float = 30) -> di
         if predicate(state):
             return state
         page.wait_for_timeout(250)
-    raise AssertionError(f"{what}: x axis stayed {state['range']} (meta {state['meta']})")
+    raise AssertionError(f"{what}: x axis stayed {state['range']} (meta {state['meta']}); plot {_plot_state(page)}")
 
 
 def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
@@ -317,7 +328,7 @@ def _check_timeline(page: Any, shot: Path) -> None:
     page.mouse.up()
     zoomed = _wait_for(page, lambda s: s["range"][1] - s["range"][0] < 0.5 * (full["range"][1] - full["range"][0]),
                        "drag-zoom did not narrow the view")
-    assert zoomed["range"][0] > 0 and zoomed["range"][1] < x_end
+    assert zoomed["range"][0] > 0 and zoomed["range"][1] < x_end, (zoomed, _plot_state(page))
     page.wait_for_timeout(1500)  # the kernel redraws the window's level of detail
     page.mouse.dblclick(drag["x"] + drag["width"] * 0.5, y)
     back = _wait_for(page, lambda s: s["range"][0] <= 0 and s["range"][1] >= x_end, "double-click did not zoom out")
