@@ -140,7 +140,7 @@ def _demo_notebook(path: Path) -> None:
 def _xaxis(page: Any) -> dict[str, Any]:
     """The timeline's x range, autorange flag and the figure's meta, from plotly's own state."""
     return page.evaluate(
-        """() => { const gd = document.querySelector('.tnl-timeline .js-plotly-plot');
+        """() => { const gd = document.querySelector('.tnl-timeline:not(.tnl-async) .js-plotly-plot');
                    return {range: gd._fullLayout.xaxis.range.slice(), autorange: gd._fullLayout.xaxis.autorange,
                            meta: gd.layout.meta}; }"""
     )
@@ -150,7 +150,7 @@ def _plot_state(page: Any) -> Any:
     """What plotly.js holds for the first timeline: every trace (name, visible, points) and the axes -- the
     evidence to keep when a check fails (the 'empty axes' class of failure)."""
     return page.evaluate(
-        """() => { const gd = document.querySelector('.tnl-timeline .js-plotly-plot');
+        """() => { const gd = document.querySelector('.tnl-timeline:not(.tnl-async) .js-plotly-plot');
                    if (!gd) return null;
                    return {traces: gd.data.map(t => [t.name, t.visible, t.x ? t.x.length : null]),
                            x: gd._fullLayout.xaxis.range, y: gd._fullLayout.yaxis.range,
@@ -225,10 +225,11 @@ def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
                 page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
                 _accept_kernel_dialog(page)
                 try:
-                    page.wait_for_selector(".tnl-timeline .js-plotly-plot .main-svg", timeout=180_000)
+                    page.wait_for_selector(".tnl-timeline:not(.tnl-async) .js-plotly-plot .main-svg", timeout=180_000)
                     # the lane labels, not the transient empty axes plotly draws before the data
                     page.wait_for_function(
-                        "() => [...document.querySelectorAll('.tnl-timeline .js-plotly-plot .ytick text')]"
+                        "() => [...document.querySelectorAll("
+                        "'.tnl-timeline:not(.tnl-async) .js-plotly-plot .ytick text')]"
                         ".some(t => t.textContent === 'host')", timeout=120_000)
                 except PlaywrightTimeoutError:
                     page.screenshot(path=str(ARTIFACTS / "browser_failed.png"), full_page=True)
@@ -318,6 +319,10 @@ def _check_timeline(page: Any, shot: Path) -> None:
     timeline.screenshot(path=str(shot))
 
     # drag-zoom into the middle of the plot, then double-click: back to the whole trace, re-aggregated
+    # (the plot area is measured again: the screenshot or a later cell's output may have scrolled the page)
+    timeline.scroll_into_view_if_needed()
+    drag = plot.locator(".nsewdrag").first.bounding_box()
+    assert drag is not None
     full = _xaxis(page)
     x_end = float(full["meta"]["x_end"])
     assert full["range"][0] <= 0 and full["range"][1] >= x_end, full
