@@ -6,6 +6,7 @@ Side by side in one process:
    estimates on whole columns; events built on first use) per event, against the list path it replaced
    (``_C.recorder_read()`` + ``events_from_columns`` + ``annotate_estimates`` + per-event sources), with
    and without stacks; and the cost of then materialising ``trace.events``.
+1b. ``summarize`` per event: on the trace's numpy columns vs via the KernelEvent list (the old path).
 2. Recording cost per op on the neuron ``a + 1`` 64x64 path: off, on, on with stacks.
 3. One training step (zero_grad, forward, loss, backward, AdamW step) of a small GPT-2 (transformers,
    from a config: 2 layers, d 128, 4 heads, vocab 1000, batch 4 x 64) and of an
@@ -84,6 +85,40 @@ def bench_read(C: Any, n_events: int, with_stack: bool, rounds: int) -> dict[str
         "materialise_us": statistics.median(mat_s) / n * 1e6,
         "list_path_us": statistics.median(old_s) / n * 1e6,
     }
+
+
+def bench_summarize(n_events: int, rounds: int) -> dict[str, float]:
+    """``summarize`` of a recorded trace per event: on its numpy columns (``summarize(trace)``, what
+    ``%%neuron_profile`` does now) vs building the KernelEvent list and summarising it
+    (``summarize(trace.events)``, what it did before). Each side gets a fresh ``recorder.read()``."""
+    from torchneuron_lab.device import recorder
+    from torchneuron_lab.tracing import summarize
+
+    a = torch.randn(8, 8, device="neuron")
+    recorder.clear()
+    recorder.start(max(n_events, 1 << 16), with_stack=True)
+    for _ in range(n_events // 4):
+        b = a + 1
+        b = b * 2
+        b = b.relu()
+        b @ a
+    recorder.stop()
+    n = len(recorder.read())
+    cols_s, list_s = [], []
+    same = True
+    for r in range(rounds):
+        t_cols, t_list = recorder.read(), recorder.read()
+        order = [("cols", t_cols), ("list", t_list)] if r % 2 == 0 else [("list", t_list), ("cols", t_cols)]
+        got: dict[str, Any] = {}
+        for name, t in order:
+            def run(t: Any = t, name: str = name, got: dict[str, Any] = got) -> None:
+                got[name] = summarize(t, k=None) if name == "cols" else summarize(t.events, k=None)
+
+            (cols_s if name == "cols" else list_s).append(_timed_s(run))
+        same = same and got["cols"] == got["list"]
+    recorder.clear()
+    return {"events": n, "columns_us": statistics.median(cols_s) / n * 1e6,
+            "events_us": statistics.median(list_s) / n * 1e6, "same_result": same}
 
 
 def _frame(f: dict[str, Any]) -> Any:
@@ -178,6 +213,13 @@ def main() -> int:
               f"-> {r['list_path_us'] / r['read_us']:.1f}x faster")
     print()
 
+    # ---- 1b. summary cost per event
+    summ = bench_summarize(4000 if quick else 100_000, read_rounds)
+    print(f"summarize ({summ['events']} recorded events; us per event): on the columns "
+          f"{summ['columns_us']:.3f} us, via the KernelEvent list (before) {summ['events_us']:.3f} us -> "
+          f"{summ['events_us'] / summ['columns_us']:.1f}x faster; same result: {summ['same_result']}")
+    print()
+
     # ---- 2. recording cost per op
     target_s = 0.002 if quick else 0.03
     rounds = args.rounds or (3 if quick else 21)
@@ -218,6 +260,11 @@ def main() -> int:
         print(f"READ {key} = {r['read_us']:.3f} us/event (list path {r['list_path_us']:.2f} us/event)")
     rep.limit("read.per_event.with_stack", "recorder.read() per event, with stacks", reads[True]["read_us"],
               "us/event", READ_BAR_US)
+    print(f"SUMMARIZE summarize.per_event columns/events_list = {summ['columns_us'] / summ['events_us']:.3f}x "
+          f"({summ['columns_us']:.3f} vs {summ['events_us']:.3f} us/event, same result: {summ['same_result']})")
+    if not summ["same_result"]:  # not a speed bar: the two paths must agree, or the number means nothing
+        print("ERROR summarize on the columns differs from summarize on the events")
+        return 1
     for k, r in results.items():
         side = {v: Side.of([s * 1e9 for s in r["samples_s"][v]]) for v in ("plain", "neuron_profile",
                                                                           "torch.profiler")}
@@ -231,7 +278,8 @@ def main() -> int:
     rep.print_limit_lines(rep.limits)
     rep.print_ratio_lines(rep.ratios)
     rep.print_cost_lines(rep.costs)
-    rep.extra.update(read=reads, steps={k: {kk: vv for kk, vv in r.items()} for k, r in results.items()})
+    rep.extra.update(read=reads, summarize=summ,
+                     steps={k: {kk: vv for kk, vv in r.items()} for k, r in results.items()})
     return rep.finish()
 
 

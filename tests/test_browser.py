@@ -114,10 +114,23 @@ from torchneuron_lab.widgets import SubgraphWidget
 SubgraphWidget([r.as_dict() for r in registry.records()], capture.graph_breaks())"""
 
 
+ASYNC_CELL = """\
+import sys
+sys.path.insert(0, {tests!r})
+import _async_traces
+from torchneuron_lab.tracing import Trace, events_from_columns
+
+async_timeline = TimelineWidget(Trace(events_from_columns(_async_traces.training_loop())))
+async_timeline.add_class("tnl-async")
+async_timeline"""
+
+
 def _demo_notebook(path: Path) -> None:
     import nbformat
 
     nb = nbformat.read(NOTEBOOK, as_version=4)
+    nb.cells.append(nbformat.v4.new_markdown_cell("## An asynchronous trace (synthetic, issue 12's recorder schema)"))
+    nb.cells.append(nbformat.v4.new_code_cell(ASYNC_CELL.format(tests=str(ROOT / "tests"))))
     nb.cells.append(nbformat.v4.new_markdown_cell("## Memory and compiled subgraphs"))
     nb.cells.append(nbformat.v4.new_code_cell(MEMORY_CELL))
     nb.cells.append(nbformat.v4.new_code_cell(SUBGRAPH_CELL))
@@ -127,10 +140,21 @@ def _demo_notebook(path: Path) -> None:
 def _xaxis(page: Any) -> dict[str, Any]:
     """The timeline's x range, autorange flag and the figure's meta, from plotly's own state."""
     return page.evaluate(
-        """() => { const gd = document.querySelector('.tnl-timeline .js-plotly-plot');
+        """() => { const gd = document.querySelector('.tnl-timeline:not(.tnl-async) .js-plotly-plot');
                    return {range: gd._fullLayout.xaxis.range.slice(), autorange: gd._fullLayout.xaxis.autorange,
                            meta: gd.layout.meta}; }"""
     )
+
+
+def _plot_state(page: Any) -> Any:
+    """What plotly.js holds for the first timeline: every trace (name, visible, points) and the axes -- the
+    evidence to keep when a check fails (the 'empty axes' class of failure)."""
+    return page.evaluate(
+        """() => { const gd = document.querySelector('.tnl-timeline:not(.tnl-async) .js-plotly-plot');
+                   if (!gd) return null;
+                   return {traces: gd.data.map(t => [t.name, t.visible, t.x ? t.x.length : null]),
+                           x: gd._fullLayout.xaxis.range, y: gd._fullLayout.yaxis.range,
+                           yticks: (gd.layout.yaxis || {}).ticktext, meta: gd.layout.meta}; }""")
 
 
 def _wait_for(page: Any, predicate: Any, what: str, timeout_s: float = 30) -> dict[str, Any]:
@@ -141,7 +165,7 @@ def _wait_for(page: Any, predicate: Any, what: str, timeout_s: float = 30) -> di
         if predicate(state):
             return state
         page.wait_for_timeout(250)
-    raise AssertionError(f"{what}: x axis stayed {state['range']} (meta {state['meta']})")
+    raise AssertionError(f"{what}: x axis stayed {state['range']} (meta {state['meta']}); plot {_plot_state(page)}")
 
 
 def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
@@ -178,7 +202,7 @@ def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
            f"--port={port}", f"--ServerApp.token={token}", f"--notebook-dir={workdir}",
            "--ServerApp.port_retries=0", "--LabApp.news_url=None", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
     ARTIFACTS.mkdir(exist_ok=True)
-    shots = {name: ARTIFACTS / f"browser_{name}.png" for name in ("timeline", "memory", "subgraphs")}
+    shots = {name: ARTIFACTS / f"browser_{name}.png" for name in ("timeline", "memory", "subgraphs", "async")}
     with open(log, "wb") as log_fh:
         proc = subprocess.Popen(cmd, stdout=log_fh, stderr=subprocess.STDOUT, env=env, cwd=workdir)
     try:
@@ -201,10 +225,11 @@ def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
                 page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
                 _accept_kernel_dialog(page)
                 try:
-                    page.wait_for_selector(".tnl-timeline .js-plotly-plot .main-svg", timeout=180_000)
+                    page.wait_for_selector(".tnl-timeline:not(.tnl-async) .js-plotly-plot .main-svg", timeout=180_000)
                     # the lane labels, not the transient empty axes plotly draws before the data
                     page.wait_for_function(
-                        "() => [...document.querySelectorAll('.tnl-timeline .js-plotly-plot .ytick text')]"
+                        "() => [...document.querySelectorAll("
+                        "'.tnl-timeline:not(.tnl-async) .js-plotly-plot .ytick text')]"
                         ".some(t => t.textContent === 'host')", timeout=120_000)
                 except PlaywrightTimeoutError:
                     page.screenshot(path=str(ARTIFACTS / "browser_failed.png"), full_page=True)
@@ -212,6 +237,7 @@ def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
                 page.wait_for_timeout(1500)  # let the first paint settle
                 _check_timeline(page, shots["timeline"])
                 _check_memory_and_subgraphs(page, shots["memory"], shots["subgraphs"])
+                _check_async_timeline(page, shots["async"])
             except BaseException:
                 page.screenshot(path=str(ARTIFACTS / "browser_failed.png"), full_page=True)
                 print("browser errors:", *errors, sep="\n")
@@ -232,13 +258,14 @@ def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
 def _check_timeline(page: Any, shot: Path) -> None:
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-    timeline = page.locator(".tnl-timeline").first
+    timeline = page.locator(".tnl-timeline:not(.tnl-async)").first
+    timeline.scroll_into_view_if_needed()
     plot = timeline.locator(".js-plotly-plot").first
     assert plot.locator("svg.main-svg").count() >= 1
     lanes = plot.locator(".ytick text").all_text_contents()
     assert "neuron:0 · tensor" in lanes, lanes
     assert "host" in lanes, lanes
-    summary = page.locator(".tnl-summary").inner_text()
+    summary = timeline.locator(".tnl-summary").inner_text()
     assert "events over" in summary and "every lane idle" in summary, summary
     assert "time per engine" not in summary, summary  # the magic's tables say that; the bar does not repeat it
 
@@ -259,7 +286,7 @@ def _check_timeline(page: Any, shot: Path) -> None:
     edge = (best["x"] + best["width"] - 3, best["y"] + best["height"] / 2)
     page.mouse.move(edge[0] - 40, edge[1] - 60)
     page.mouse.move(*edge, steps=4)
-    page.wait_for_selector(".tnl-timeline .hoverlayer .hovertext", timeout=10_000)
+    page.wait_for_selector(".tnl-timeline:not(.tnl-async) .hoverlayer .hovertext", timeout=10_000)
     hover = plot.locator(".hoverlayer .hovertext").first.text_content() or ""  # SVG: no innerText
     assert "duration:" in hover and "lane:" in hover, hover
 
@@ -292,6 +319,10 @@ def _check_timeline(page: Any, shot: Path) -> None:
     timeline.screenshot(path=str(shot))
 
     # drag-zoom into the middle of the plot, then double-click: back to the whole trace, re-aggregated
+    # (the plot area is measured again: the screenshot or a later cell's output may have scrolled the page)
+    timeline.scroll_into_view_if_needed()
+    drag = plot.locator(".nsewdrag").first.bounding_box()
+    assert drag is not None
     full = _xaxis(page)
     x_end = float(full["meta"]["x_end"])
     assert full["range"][0] <= 0 and full["range"][1] >= x_end, full
@@ -302,7 +333,7 @@ def _check_timeline(page: Any, shot: Path) -> None:
     page.mouse.up()
     zoomed = _wait_for(page, lambda s: s["range"][1] - s["range"][0] < 0.5 * (full["range"][1] - full["range"][0]),
                        "drag-zoom did not narrow the view")
-    assert zoomed["range"][0] > 0 and zoomed["range"][1] < x_end
+    assert zoomed["range"][0] > 0 and zoomed["range"][1] < x_end, (zoomed, _plot_state(page))
     page.wait_for_timeout(1500)  # the kernel redraws the window's level of detail
     page.mouse.dblclick(drag["x"] + drag["width"] * 0.5, y)
     back = _wait_for(page, lambda s: s["range"][0] <= 0 and s["range"][1] >= x_end, "double-click did not zoom out")
@@ -325,6 +356,8 @@ def _check_memory_and_subgraphs(page: Any, memory_shot: Path, subgraph_shot: Pat
     page.wait_for_timeout(1000)
     text = memory.inner_text()
     assert "peak allocated" in text and "top live allocations" in text, text
+    # owners are notebook cells even though the extension is not loaded yet (it is, two cells later)
+    assert "cell [" in text and "ipykernel_" not in text, text
     memory.screenshot(path=str(memory_shot))
 
     subgraphs = page.locator(".tnl-subgraphs").first
@@ -335,3 +368,53 @@ def _check_memory_and_subgraphs(page: Any, memory_shot: Path, subgraph_shot: Pat
     assert "compiled subgraphs" in text and "graph breaks" in text and "def forward" in text, text
     assert "item" in text.split("graph breaks", 1)[1], text
     subgraphs.screenshot(path=str(subgraph_shot))
+
+
+def _check_async_timeline(page: Any, shot: Path) -> None:
+    """The asynchronous timeline: a host lane with launches and waits, a lane per stream, links from each
+    launch to its kernel, the queue-depth panel, the verdict in the summary bar; a click on a kernel
+    draws the arrow from its launch and the details say how long it was queued."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    widget = page.locator(".tnl-async").first
+    widget.wait_for(timeout=240_000)
+    widget.scroll_into_view_if_needed()
+    plot = widget.locator(".js-plotly-plot").first
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.tnl-async .ytick text')].some(t => t.textContent === 'host')",
+        timeout=60_000)
+    page.wait_for_timeout(1000)
+    lanes = plot.locator(".ytick text").all_text_contents()
+    assert lanes == ["neuron:0 · tensor", "neuron:0 · vector", "neuron:0 · scalar", "neuron:0 · s1 · dma", "host"], lanes
+    assert plot.locator(".y2tick text").count() >= 2  # the queue-depth panel has its own axis
+    summary = widget.locator(".tnl-summary").inner_text()
+    assert "sync-bound: the host waited" in summary or "bound:" in summary, summary
+    legend = plot.locator(".legend text").all_text_contents()
+    for name in ("host launch", "host wait", "launch → kernel", "queue depth neuron:0"):
+        assert name in legend, legend
+    # click the widest bar on the neuron:0 · tensor lane (y tick 0): the arrow from its launch appears
+    drag = plot.locator(".nsewdrag").first.bounding_box()
+    tick0 = plot.locator(".ytick text").nth(0).bounding_box()
+    bars = plot.locator(".cartesianlayer .barlayer path")
+    best = None
+    for i in range(bars.count()):
+        box = bars.nth(i).bounding_box()
+        if box is None or box["width"] < 4 or abs(box["y"] + box["height"] / 2 - (tick0["y"] + tick0["height"] / 2)) > 6:
+            continue
+        if drag["x"] <= box["x"] and (best is None or box["width"] > best["width"]):
+            best = box
+    assert best is not None, "no kernel bar on the tensor lane"
+    for _ in range(3):
+        page.mouse.click(best["x"] + best["width"] / 2, best["y"] + best["height"] / 2)
+        try:
+            page.wait_for_function(
+                "() => document.querySelectorAll('.tnl-async .annotation-arrow-g').length === 1", timeout=10_000)
+            break
+        except PlaywrightTimeoutError:  # the comm was not up yet: retry
+            page.wait_for_timeout(200)
+    assert page.evaluate("() => document.querySelectorAll('.tnl-async .annotation-arrow-g').length") == 1
+    details = widget.locator(".tnl-details").inner_text()
+    assert "aten::mm" in details and "queued" in details and "launched" in details, details
+    page.mouse.move(drag["x"] + 5, drag["y"] + drag["height"] + 200)
+    page.wait_for_timeout(500)
+    widget.screenshot(path=str(shot))

@@ -18,6 +18,7 @@ from IPython.utils.capture import capture_output
 
 import torchneuron_lab
 from torchneuron_lab.device import recorder
+from torchneuron_lab.extension.results import fmt_ns
 
 MAGICS = ("neuron_placement", "neuron_graph_breaks", "neuron_subgraphs", "neuron_memory", "neuron_watch")
 
@@ -158,6 +159,8 @@ def test_graph_breaks_line_and_cell_locations(ip: Any) -> None:
     assert "graph_break" in res.breaks[0]["reason"] and res.breaks[0]["hints"]
     assert sorted(res.ops_per_graph().values()) == [1, 1]
     assert torch.equal(res.output.cpu(), torch.full((4, 4), 4.0))
+    page = res._repr_html_()  # every result renders as HTML (it did not once: a profile-only attribute)
+    assert page.startswith("<p><b>") and f"cell [{n}], line 4" in page
 
     r = ip.run_cell("%%neuron_graph_breaks -q\ngy = gx - 1\ntorch._dynamo.graph_break()\ngz = gy * 3",
                     store_history=True)
@@ -467,6 +470,70 @@ def test_watch_counts_the_kernels_of_a_profiled_cell(ip: Any) -> None:
         with capture_output():
             ip.run_line_magic("neuron_watch", "off")
     assert not recorder.is_recording()
+
+
+def test_watch_reports_the_host_wait_and_the_lines_that_waited(ip: Any) -> None:
+    run(ip, "ww = torch.ones(64, 64, device='neuron')")
+    with capture_output():
+        ip.run_line_magic("neuron_watch", "on")
+    try:
+        with capture_output() as cap:
+            r = run(ip, "wx = ww @ ww\nwx.sum().item()\nwy = wx + 1\nwy.cpu()\nwx.sum().item()")
+    finally:
+        with capture_output():
+            ip.run_line_magic("neuron_watch", "off")
+    watch = ip.magics_manager.registry["NeuronMagics"].watch
+    line = watch.last
+    n = r.execution_count
+    assert line.cell == n and line.syncs == 3
+    # the sync events of the cell, grouped by the line that waited (item() on lines 2 and 5, .cpu() on 4)
+    assert sorted((w["location"], w["count"]) for w in line.wait_lines) == [
+        (f"cell [{n}], line 2", 1), (f"cell [{n}], line 4", 1), (f"cell [{n}], line 5", 1)]
+    assert line.host_wait_ns == sum(w["wait_ns"] for w in line.wait_lines)
+    printed = [ln for ln in cap.stdout.splitlines() if ln.startswith("[neuron]")]
+    assert printed == [str(line)]
+    if line.host_wait_ns:
+        assert f"host waited {fmt_ns(line.host_wait_ns)} at cell [{n}], line" in printed[0]
+
+
+def test_watch_line_and_profile_result_render_waits_from_a_synthetic_async_trace() -> None:
+    from _async_traces import sync_bound
+
+    from torchneuron_lab.extension.results import ProfileResult, WatchLine
+    from torchneuron_lab.tracing import Trace, events_from_columns, host_waits, summarize
+
+    trace = Trace(events_from_columns(sync_bound()))
+    waits = host_waits(trace, top=3)
+    line = WatchLine(cell=4, kernels=3, syncs=3, host_wait_ns=waits["wait_ns"], wait_lines=waits["by_location"])
+    assert str(line) == ("[neuron] cell [4]: 3 kernels, 3 host syncs, host waited 300 ns at cell [4], line 3 "
+                         "(200 ns, 2 syncs); cell [4], line 5 (100 ns)")
+    res = ProfileResult(trace=trace, summary=summarize(trace, k=None))
+    assert res.host_wait_ns == 300
+    text = str(res).splitlines()
+    assert text[1] == ("  sync-bound: the host waited 300 ns at 3 syncs (59% of the 510 ns span); most at "
+                       "cell [4], line 3 (200 ns in 2)")
+    i = text.index("  host waited 300 ns at 3 syncs, by line:")
+    assert [ln.split() for ln in text[i + 3:i + 5]] == [
+        ["cell", "[4],", "line", "3", "2", "200", "ns", "aten::_local_scalar_dense"],
+        ["cell", "[4],", "line", "5", "1", "100", "ns", "copy", "d2h"]]
+    page = res._repr_html_()
+    assert "<p class='tnl-bound'>sync-bound: the host waited 300 ns" in page
+    assert "Host waited 300 ns at 3 syncs, by line" in page
+    assert "<td style='text-align:left'>cell [4], line 5</td><td style='text-align:left'>1</td>" in page
+    assert res._headline().endswith("span 510 ns")  # from the first launch to the last end
+
+
+def test_profile_summary_has_host_waits_and_classification(ip: Any) -> None:
+    run(ip, "pz = torch.ones(32, 32, device='neuron')")
+    res = ip.run_cell_magic("neuron_profile", "-q -o", "pz2 = pz @ pz\npz2.sum().item()")
+    s = res.summary
+    assert s["host_waits"]["count"] == 1 == res.count("sync")
+    assert s["host_waits"]["by_location"][0]["location"].endswith("line 3")  # body lines follow the magic line
+    assert s["host_waits"]["wait_ns"] == sum(e.dur_ns for e in res.trace.syncs())
+    assert s["bound"]["class"] in ("host-bound", "device-bound", "sync-bound")
+    from torchneuron_lab.tracing import classify_region
+
+    assert s["bound"] == classify_region(res.trace.events)
 
 
 def test_failing_profiled_cell_fails_the_cell_with_the_users_frames_only(ip: Any) -> None:

@@ -424,3 +424,59 @@ def test_launch_blocking_environment_variable(tmp_path: Path) -> None:
         env = dict(os.environ, TORCHNEURON_LAB_LAUNCH_BLOCKING=value)
         proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120, env=env)
         assert proc.stdout.strip() == expected, proc.stderr
+
+
+# --------------------------------------------------------------------------- concurrency
+
+
+def test_threads_on_their_own_streams_compute_what_cpu_computes() -> None:
+    import threading
+
+    torch.manual_seed(0)
+    inputs = [torch.randn(128, 128) for _ in range(4)]
+    want = [(x @ x).relu().sum(dim=0) + 1 for x in inputs]
+    got: dict[int, torch.Tensor] = {}
+
+    def work(i: int) -> None:
+        s = torch.neuron.Stream()
+        with torch.neuron.stream(s):
+            x = inputs[i].to("neuron", non_blocking=True)
+            y = x
+            for _ in range(20):  # many launches, interleaved with the other threads'
+                y = (x @ x).relu().sum(dim=0) + 1
+            got[i] = y.cpu()
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(got) == [0, 1, 2, 3]
+    for i in range(4):
+        assert torch.equal(got[i], want[i])
+
+
+def test_an_exception_in_host_code_leaves_the_queues_running_to_completion() -> None:
+    x = torch.ones(1000, device="neuron")
+    with pytest.raises(ZeroDivisionError):
+        busy(100)
+        for _ in range(10):
+            x = x + 1
+        1 / 0  # noqa: B018 - a cell that fails after launching work
+    torch.neuron.synchronize()
+    assert C.stream_counts(0, 0)[0] == C.stream_counts(0, 0)[1]
+    assert x.sum().item() == 11000.0
+
+
+def test_non_blocking_copies_are_launched_and_staged() -> None:
+    host = torch.arange(4.0)
+    busy(100)
+    d = host.to("neuron", non_blocking=True)  # pageable source: staged at the launch
+    host.fill_(-1.0)  # the host may reuse its buffer at once, as with cudaMemcpyAsync
+    assert C.stream_counts(0, 0)[0] - C.stream_counts(0, 0)[1] >= 1
+    assert d.tolist() == [0.0, 1.0, 2.0, 3.0]
+    pinned = torch.empty(4).pin_memory("neuron")
+    busy(50)
+    pinned.copy_(d, non_blocking=True)  # device->host into pinned memory: launched, not waited for
+    torch.neuron.synchronize()
+    assert pinned.tolist() == [0.0, 1.0, 2.0, 3.0]

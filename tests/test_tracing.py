@@ -395,7 +395,7 @@ def test_top_kernels_estimate_total(events: list[KernelEvent]) -> None:
 
 def test_sync_events(events: list[KernelEvent]) -> None:
     assert sync_events(events) == [
-        {"seq": 4, "name": "aten::item", "device": 0, "start_ns": BASE + 6000, "end_ns": BASE + 6400,
+        {"seq": 4, "name": "aten::item", "device": 0, "stream": 0, "start_ns": BASE + 6000, "end_ns": BASE + 6400,
          "wait_ns": 400, "source": "cell [3], line 2", "location": "cell [3], line 2"}
     ]
 
@@ -568,3 +568,218 @@ def test_annotate_estimates(events: list[KernelEvent]) -> None:
     assert out[6].est_ns == pytest.approx(2048 / p.hbm_bandwidth_bytes_per_s * 1e9)  # relu: memory-bound
     assert out[4].est_ns is None and out[8].est_ns is None  # sync, marker
     assert all(math.isfinite(e.est_ns) for e in out if e.est_ns is not None)
+
+
+# --------------------------------------------------------------------------------------------------
+# the asynchronous device (issue 12): launch spans, streams, syncs, classification
+# --------------------------------------------------------------------------------------------------
+import _async_traces as A
+
+from torchneuron_lab.tracing import (
+    ASYNC_COLUMNS,
+    RecordedColumns,
+    activity,
+    classify_region,
+    host_waits,
+    queue_depth,
+)
+
+
+def test_async_columns_read_round_trip_and_default() -> None:
+    cols = A.two_streams()
+    evs = events_from_columns(cols)
+    copy = evs[1]
+    assert (copy.stream, copy.host_start_ns, copy.host_end_ns, copy.correlation) == (1, A.BASE + 60, A.BASE + 100, 2)
+    assert copy.launch_delay_ns == 100 and copy.has_launch
+    sync = evs[4]
+    assert (sync.kind, sync.stream, sync.host_end_ns, sync.has_launch, sync.launch_delay_ns) == ("sync", 0, 0, False, None)
+    back = events_to_columns(evs)
+    for name in ASYNC_COLUMNS:
+        assert back[name] == cols[name], name
+    assert events_from_columns(back) == evs
+    # a recorder without the columns (synchronous build): every event reads the defaults
+    legacy = {k: v for k, v in cols.items() if k not in ASYNC_COLUMNS}
+    assert [(e.stream, e.host_start_ns, e.host_end_ns, e.correlation) for e in events_from_columns(legacy)] == [
+        (0, 0, 0, 0)] * 5
+    assert to_dataframe(evs)[list(ASYNC_COLUMNS)].values.tolist()[1] == [1, A.BASE + 60, A.BASE + 100, 2]
+    with pytest.raises(ValueError, match="host_end_ns .* is before host_start_ns"):
+        KernelEvent(seq=3, kind="kernel", name="k", device=0, engine="tensor", start_ns=0, end_ns=1,
+                    host_start_ns=10, host_end_ns=5)
+
+
+def _raw(n: int, **optional: Any) -> dict[str, Any]:
+    import numpy as np
+
+    raw: dict[str, Any] = {"n": n, "strings": ["aten::mm"], "kinds": ("kernel", "dma", "sync", "marker"),
+                           "engines": ("tensor", "vector", "scalar", "gpsimd", "dma", "host"),
+                           "directions": ("", "h2d", "d2h", "d2d"), "dropped": 0}
+    for name, dt in RecordedColumns._NUMERIC:
+        raw[name] = np.zeros(n, dtype=dt).tobytes()
+    raw["stack"] = np.full(n, -1, dtype="<i4").tobytes()
+    raw["end_ns"] = np.arange(n, dtype="<i8").tobytes()
+    raw.update(optional)
+    return raw
+
+
+def test_recorded_columns_read_optional_columns_of_any_int_width_or_none() -> None:
+    import numpy as np
+
+    absent = RecordedColumns.from_raw(_raw(3))
+    assert [(e.stream, e.host_end_ns, e.correlation) for e in absent.events()] == [(0, 0, 0)] * 3
+    assert absent.column("host_end_ns").tolist() == [0, 0, 0]
+    given = RecordedColumns.from_raw(_raw(
+        3, stream=np.array([0, 2, -1], dtype="<i2").tobytes(), host_start_ns=np.array([1, 2, 3], "<i8").tobytes(),
+        host_end_ns=[4, 5, 6], correlation=np.array([7, 8, 9], dtype="<i4").tobytes()))
+    assert [(e.stream, e.host_start_ns, e.host_end_ns, e.correlation) for e in given.events()] == [
+        (0, 1, 4, 7), (2, 2, 5, 8), (-1, 3, 6, 9)]
+    with pytest.raises(ValueError, match="'stream': 5 bytes for 3 events is not a packed int column"):
+        RecordedColumns.from_raw(_raw(3, stream=b"\0" * 5))
+    with pytest.raises(KeyError, match="no column 'nope'"):
+        absent.column("nope")
+    evs = events_from_columns(A.two_streams())
+    assert RecordedColumns.from_events(evs).events() == evs
+
+
+def test_classify_host_bound() -> None:
+    got = classify_region(events_from_columns(A.host_bound()))
+    assert got["class"] == "host-bound"
+    assert (got["span_ns"], got["device_busy_ns"], got["device_idle_ns"], got["launch_ns"],
+            got["idle_while_launching_ns"], got["queue_busy_ns"], got["sync_count"]) == (400, 40, 360, 360, 360, 40, 0)
+    assert got["idle_while_launching_fraction"] == 0.9 and got["device_idle_fraction"] == 0.9
+    assert got["headline"] == ("host-bound: the device was idle 90% of the 400 ns span while the host was "
+                               "launching kernels (idle 90% in all)")
+
+
+def test_classify_device_bound() -> None:
+    got = classify_region(events_from_columns(A.device_bound()))
+    assert got["class"] == "device-bound"
+    assert (got["span_ns"], got["device_busy_ns"], got["queue_busy_ns"], got["sync_count"], got["sync_wait_ns"]) == (
+        410, 400, 400, 1, 370)
+    assert got["queue_busy_fraction"] == 400 / 410
+    assert got["headline"] == "device-bound: the device queue held work 98% of the 410 ns span (device busy 98%)"
+    assert queue_depth(events_from_columns(A.device_bound())) == {0: {
+        "t_ns": [A.BASE + t for t in (10, 20, 30, 40, 110, 210, 310, 410)], "depth": [1, 2, 3, 4, 3, 2, 1, 0]}}
+
+
+def test_classify_sync_bound_names_the_lines_that_waited() -> None:
+    evs = events_from_columns(A.sync_bound())
+    got = classify_region(evs)
+    assert got["class"] == "sync-bound"
+    assert (got["span_ns"], got["sync_count"], got["sync_wait_ns"], got["queue_busy_ns"]) == (510, 3, 300, 300)
+    assert got["sync_wait_fraction"] == 300 / 510
+    assert got["top_sync_lines"] == [
+        {"location": "cell [4], line 3", "count": 2, "wait_ns": 200, "names": ["aten::_local_scalar_dense"]},
+        {"location": "cell [4], line 5", "count": 1, "wait_ns": 100, "names": ["copy d2h"]},
+    ]
+    assert got["headline"] == ("sync-bound: the host waited 300 ns at 3 syncs (59% of the 510 ns span); "
+                               "most at cell [4], line 3 (200 ns in 2)")
+    assert host_waits(evs, top=1) == {"count": 3, "wait_ns": 300, "by_location": got["top_sync_lines"][:1]}
+
+
+def test_classify_synchronous_trace_and_no_work() -> None:
+    legacy = {k: v for k, v in A.host_bound().items() if k not in ASYNC_COLUMNS}
+    got = classify_region(events_from_columns(legacy))
+    # without launch spans the span is the kernels' own: 90..400, busy 40 of 310
+    assert (got["class"], got["span_ns"], got["device_busy_ns"], got["launches_known"]) == ("host-bound", 310, 40, False)
+    assert got["headline"] == ("host-bound: the device was idle 87% of the 310 ns span (launch times not "
+                               "recorded: synchronous trace)")
+    assert classify_region([])["class"] == "no device work"
+    only_sync = [e for e in events_from_columns(A.sync_bound()) if e.kind == "sync"]
+    assert classify_region(only_sync)["headline"] == "no device work: no kernel or transfer ran"
+
+
+def _columnar(evs: list[KernelEvent]) -> Trace:
+    return Trace.from_recorded(RecordedColumns.from_events(evs))
+
+
+@pytest.mark.parametrize("build", [A.host_bound, A.device_bound, A.sync_bound, A.two_streams])
+def test_summarize_on_columns_equals_summarize_on_events(build: Any) -> None:
+    evs = events_from_columns(build())
+    t = _columnar(evs)
+    got = summarize(t, k=None)
+    assert "events" not in t.__dict__ or not isinstance(t.__dict__["events"], list)  # no events were built
+    assert got == summarize(evs, k=None)
+    assert got["bound"] == classify_region(evs)
+
+
+def test_summarize_on_columns_equals_events_on_a_mixed_trace(events: list[KernelEvent]) -> None:
+    import random
+
+    annotated = annotate_estimates(events, "trn2")
+    assert summarize(_columnar(annotated), k=2) == summarize(annotated, k=2)
+    assert summarize(_columnar([]), k=None) == summarize([], k=None)
+    rng = random.Random(3)
+    evs = []
+    for i in range(2000):
+        kind = rng.choice(["kernel", "kernel", "dma", "sync", "compile", "marker"])
+        s, d = rng.randint(0, 10**6), rng.randint(0, 5000)
+        hs = max(0, s - rng.randint(0, 1000)) if kind in ("kernel", "dma") and rng.random() < 0.7 else 0
+        evs.append(KernelEvent(
+            seq=i, kind=kind, name=rng.choice(["aten::mm", "aten::add", "copy", "x"]), device=rng.choice([0, 1, -1]),
+            engine={"kernel": rng.choice(["tensor", "vector", "odd"]), "dma": "dma"}.get(kind, "host"),
+            start_ns=s, end_ns=s + d, bytes_read=rng.randint(0, 99), bytes_written=rng.randint(0, 99),
+            flops=rng.randint(0, 9), new_signature=rng.random() < 0.05,
+            direction=rng.choice(["", "h2d", "d2h"]) if kind == "dma" else "", stream=rng.randint(-1, 2),
+            host_start_ns=hs, host_end_ns=hs + rng.randint(0, 500) if hs else 0,
+            stack=(StackFrame("f.py", rng.randint(1, 3), "g"),) if rng.random() < 0.5 else (),
+            source=rng.choice([None, "cell [1], line 2"]), est_ns=None if rng.random() < 0.01 else rng.random() * 100))
+    assert summarize(_columnar(evs), k=None) == summarize(evs, k=None)
+    assert activity(evs) == summarize(_columnar(evs))["activity"]
+
+
+def test_chrome_trace_async_host_and_device_tracks_with_flows() -> None:
+    from torchneuron_lab.tracing.chrome_trace import HOST_PID
+
+    cols = {"seq": [0, 1], "kind": ["kernel", "sync"], "name": ["aten::mm", "aten::_local_scalar_dense"],
+            "device": [0, 0], "engine": ["tensor", "host"], "start_ns": [A.BASE + 1000, A.BASE + 500],
+            "end_ns": [A.BASE + 3000, A.BASE + 3200], "thread": [7, 7], "stream": [1, -1],
+            "host_start_ns": [A.BASE, 0], "host_end_ns": [A.BASE + 400, 0], "correlation": [5, 0],
+            "source": [None, "cell [2], line 4"]}
+    ct = to_chrome_trace(events_from_columns(cols))
+    validate_chrome_trace(ct)
+    assert ct["otherData"]["t0_ns"] == A.BASE
+    common = {"bytes_read": 0, "bytes_written": 0, "new_signature": False, "thread": 7, "device": "neuron:0"}
+    assert ct["traceEvents"] == [
+        {"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host"}},
+        {"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": -1}},
+        {"ph": "M", "name": "thread_name", "pid": HOST_PID, "tid": 7, "args": {"name": "host thread 7"}},
+        {"ph": "M", "name": "thread_sort_index", "pid": HOST_PID, "tid": 7, "args": {"sort_index": 0}},
+        {"ph": "M", "name": "process_name", "pid": 0, "args": {"name": "neuron:0"}},
+        {"ph": "M", "name": "process_sort_index", "pid": 0, "args": {"sort_index": 0}},
+        {"ph": "M", "name": "thread_name", "pid": 0, "tid": 101, "args": {"name": "tensor · stream 1"}},
+        {"ph": "M", "name": "thread_sort_index", "pid": 0, "tid": 101, "args": {"sort_index": 101}},
+        {"name": "aten::mm", "cat": "launch", "ph": "X", "pid": HOST_PID, "tid": 7, "ts": 0.0, "dur": 0.4,
+         "args": {"seq": 0, "correlation": 5, "device": "neuron:0", "stream": 1}},
+        {"name": "launch", "cat": "launch", "ph": "s", "id": 5, "bp": "e", "pid": HOST_PID, "tid": 7, "ts": 0.2},
+        {"name": "aten::_local_scalar_dense", "cat": "sync", "ph": "X", "pid": HOST_PID, "tid": 7, "ts": 0.5,
+         "dur": 2.7, "args": {"seq": 1, "kind": "sync", **common, "source": "cell [2], line 4", "stream": -1,
+                              "wait_us": 2.7}},
+        {"name": "aten::mm", "cat": "kernel", "ph": "X", "pid": 0, "tid": 101, "ts": 1.0, "dur": 2.0,
+         "args": {"seq": 0, "kind": "kernel", **common, "stream": 1, "correlation": 5, "queued_us": 0.6}},
+        {"name": "launch", "cat": "launch", "ph": "f", "id": 5, "bp": "e", "pid": 0, "tid": 101, "ts": 2.0},
+    ]
+    # every launch of a bigger trace has exactly one flow start and end, inside its two slices
+    big = to_chrome_trace(events_from_columns(A.two_streams()))
+    validate_chrome_trace(big)
+    starts = {e["id"]: e for e in big["traceEvents"] if e["ph"] == "s"}
+    ends = {e["id"]: e for e in big["traceEvents"] if e["ph"] == "f"}
+    assert sorted(starts) == sorted(ends) == [1, 2, 3, 4]
+    assert {(e["pid"], e["tid"]) for e in ends.values()} == {(0, 1), (0, 105), (0, 3), (1, 1)}
+    for fid, f in ends.items():
+        kernel = next(e for e in big["traceEvents"] if e["ph"] == "X" and e["args"].get("correlation") == fid
+                      and e.get("cat") != "launch")
+        launch = next(e for e in big["traceEvents"] if e.get("cat") == "launch" and e["ph"] == "X"
+                      and e["args"]["correlation"] == fid)
+        assert kernel["ts"] < f["ts"] < kernel["ts"] + kernel["dur"]
+        assert launch["ts"] < starts[fid]["ts"] < launch["ts"] + launch["dur"]
+
+
+def test_validate_chrome_trace_flows() -> None:
+    base = {"name": "launch", "cat": "launch", "pid": 0, "tid": 1, "ts": 1.0}
+    assert chrome_trace_problems([{**base, "ph": "f", "id": 3, "bp": "e"}]) == [
+        "traceEvents[0]: flow end without a flow start of the same cat, name and id 3"]
+    assert chrome_trace_problems([{**base, "ph": "s"}]) == [
+        "traceEvents[0]: flow event needs an int or string 'id', got None"]
+    assert chrome_trace_problems([{**base, "ph": "s", "id": 1, "bp": "x"}]) == [
+        "traceEvents[0]: flow binding point 'bp' must be 'e', got 'x'"]
+    assert chrome_trace_problems([{**base, "ph": "s", "id": 1}, {**base, "ph": "f", "id": 1, "bp": "e"}]) == []

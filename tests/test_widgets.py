@@ -541,3 +541,180 @@ def test_timeline_benchmark_quick_run(tmp_path: Path) -> None:
     assert re.search(r"^PAYLOAD timeline\.figure_json = [\d,]+ bytes", proc.stdout, re.MULTILINE), proc.stdout
     res = json.loads(out.read_text())
     assert res["events"] == 100_000 and res["boxes"] <= 6000
+
+
+# ------------------------------------------------------------------------------------ asynchronous device
+def _async_trace(name: str) -> Trace:
+    import _async_traces as A
+
+    return Trace(tracing.events_from_columns(getattr(A, name)()))
+
+
+def test_async_timeline_host_lane_stream_lanes_flows_queue_and_waits() -> None:
+    import _async_traces as A
+
+    t = _async_trace("two_streams")
+    fig = F.timeline_figure(t, pixels=100_000)
+    meta = fig.layout.meta
+    assert meta["lanes"] == ["neuron:0 · tensor", "neuron:0 · scalar", "neuron:0 · s1 · dma", "neuron:1 · tensor",
+                             "host"]
+    assert (meta["async"], meta["launches"], meta["flows"], meta["queue_devices"]) == (True, 4, 4, [0, 1])
+    assert meta["t0_ns"] == A.BASE  # the first launch, not the first kernel
+    host = 4.0
+    launch = next(tr for tr in fig.data if tr.name == "host launch")
+    # launches [0,50] [60,100] [110,150] [160,200] ns on the host lane, µs since the first launch
+    assert (list(launch.base), list(launch.y)) == ([0.0, 0.06, 0.11, 0.16], [host] * 4)
+    assert [round(b + w, 6) for b, w in zip(launch.base, launch.x)] == [0.05, 0.1, 0.15, 0.2]
+    assert "queued: 50 ns between launch and start" in launch.hovertext[0]
+    assert "runs on: neuron:0 · s1 · dma" in launch.hovertext[1] and "source: cell [5], line 2" in launch.hovertext[1]
+    flow = next(tr for tr in fig.data if (tr.meta or {}).get("role") == "flow")
+    # from the end of each launch (host lane) to the start of its kernel (its lane)
+    segs = [(flow.x[i], flow.y[i], flow.x[i + 1], flow.y[i + 1]) for i in range(0, len(flow.x), 3)]
+    assert sorted(segs) == [(0.05, host, 0.1, 0.0), (0.1, host, 0.2, 2.0), (0.15, host, 0.9, 1.0),
+                            (0.2, host, 0.3, 3.0)]
+    wait = next(tr for tr in fig.data if tr.name == "host wait")
+    assert (list(wait.base), list(wait.x), list(wait.y)) == ([0.21], [pytest.approx(0.79)], [host])
+    assert "host waited: 790 ns" in wait.hovertext[0] and "source: cell [5], line 5" in wait.hovertext[0]
+    assert "waited on: neuron:0 stream 0" in wait.hovertext[0]
+    sync = next(tr for tr in fig.data if tr.name == "host sync")
+    assert "host waited: 790 ns" in sync.hovertext[0]
+    q0 = next(tr for tr in fig.data if (tr.meta or {}).get("role") == "queue" and tr.meta["device"] == 0)
+    # neuron:0: +1 at 50 (mm queued), 100 (copy), 150 (relu); -1 at 700 (copy), 900 (mm), 1000 (relu)
+    assert [round(v, 6) for v in q0.x] == [0.05, 0.1, 0.15, 0.7, 0.9, 1.0] and list(q0.y) == [1, 2, 3, 2, 1, 0]
+    assert (q0.yaxis, q0.line.shape) == ("y2", "hv")
+    assert fig.layout.yaxis2.domain[0] == 0.0 and fig.layout.yaxis.domain[0] > fig.layout.yaxis2.domain[1]
+    # a synchronous trace draws none of it
+    legacy = F.timeline_figure(_async_trace("two_streams").events[:0] + [
+        dataclasses_replace(e) for e in t.events])
+    assert legacy.layout.meta["async"] is False and legacy.layout.meta["flows"] == 0
+    assert not [tr for tr in legacy.data if (tr.meta or {}).get("role") in ("flow", "queue", "launch")]
+
+
+def dataclasses_replace(e: KernelEvent) -> KernelEvent:
+    import dataclasses
+
+    return dataclasses.replace(e, host_start_ns=0, host_end_ns=0, correlation=0)
+
+
+def test_queue_depth_steps_match_the_tracing_layer() -> None:
+    for name in ("device_bound", "two_streams", "sync_bound", "host_bound"):
+        t = _async_trace(name)
+        mine = {d: {"t_ns": a.tolist(), "depth": b.tolist()} for d, (a, b) in
+                F.queue_depth_steps(F.EventColumns.build(t)).items()}
+        assert mine == tracing.queue_depth(t), name
+        assert F.bound_of(F.EventColumns.build(t)) == tracing.classify_region(t), name
+
+
+def test_async_widget_click_draws_the_flow_arrow_and_summary_names_the_bound() -> None:
+    w = TimelineWidget(_async_trace("sync_bound"))
+    assert "sync-bound: the host waited 300 ns at 3 syncs" in w.summary_bar.value
+    k = next(i for i, e in enumerate(w.events) if e.kind == "kernel" and e.start_ns == w.cols.t0 + 210)
+    shown = w.select(k)
+    # the arrow runs from the end of the launch (210 ns, host lane) to the kernel's start (210 ns)
+    host = float(w.cols.host_lane)
+    arrow = shown["flow"]
+    assert (arrow["ax"], arrow["ay"], arrow["x"], arrow["y"]) == (
+        pytest.approx(0.21), host, pytest.approx(0.21), float(w.cols.lane[k]))
+    assert [a.name for a in w.figure.layout.annotations] == ["flow"]
+    assert shown["event"]["queued"] == "0 ns between launch and start"
+    # a click on a sync keeps no arrow
+    s = next(i for i, e in enumerate(w.events) if e.kind == "sync")
+    assert w.select(s)["flow"] is None and list(w.figure.layout.annotations) == []
+
+
+def test_widget_updates_never_delete_traces_and_zoom_is_one_update() -> None:
+    """The class of the empty-axes bug: a redraw must never leave the front end with no traces (no
+    deleteTraces message, ever), and a zoom with the same trace structure is a single update message."""
+    w = TimelineWidget(Trace(synth(20_000, seed=5)), max_boxes=2000)
+    sent: list[str] = []
+    for name in ("_send_addTraces_msg", "_send_deleteTraces_msg", "_send_update_msg", "_send_relayout_msg",
+                 "_send_restyle_msg"):
+        orig = getattr(w.figure, name)
+
+        def spy(*a: object, _n: str = name, _o: object = orig, **k: object) -> object:
+            sent.append(_n)
+            return _o(*a, **k)  # type: ignore[operator]
+        setattr(w.figure, name, spy)
+    visible_before = sum(1 for tr in w.figure.data if tr.visible is not False)
+    end = w.axis.end_x
+    w.figure.plotly_relayout({"xaxis.range[0]": end * 0.40, "xaxis.range[1]": end * 0.41})
+    w.figure.plotly_relayout({"xaxis.autorange": True})
+    w.color_toggle.value = "subgraph"
+    w.color_toggle.value = "family"
+    assert "_send_deleteTraces_msg" not in sent
+    assert sent.count("_send_update_msg") >= 4
+    assert sum(1 for tr in w.figure.data if tr.visible is not False) == visible_before
+    # every event of the full view is drawn again after all that
+    full = F.timeline_figure(w.cols, max_boxes=2000, pixels=w.pixels, rangeslider=True, width=w.width, axis=w.axis)
+    drawn = {(tr.name, len(tr.x)) for tr in w.figure.data if tr.visible is not False and tr.x is not None}
+    assert drawn == {(tr.name, len(tr.x)) for tr in full.data}
+    # a zoom whose window has the same kinds of traces: one update message, nothing added
+    sent.clear()
+    w.figure.plotly_relayout({"xaxis.range[0]": end * 0.50, "xaxis.range[1]": end * 0.52})
+    assert sent.count("_send_addTraces_msg") == 0 and "_send_deleteTraces_msg" not in sent
+    assert sent.count("_send_update_msg") == 1  # traces, ticks and the zoomed range together
+    assert w.figure.layout.xaxis.autorange is False and w.window is not None
+
+
+def test_apply_traces_reuses_slots_and_hides_the_rest() -> None:
+    from torchneuron_lab.widgets.timeline import apply_traces
+
+    fw = go.FigureWidget([go.Bar(x=[1], y=[0], name="a"), go.Bar(x=[2], y=[1], name="b"),
+                          go.Scatter(x=[0], y=[0], name="s")])
+    uids = [t.uid for t in fw.data]
+    apply_traces(fw, [go.Scatter(x=[5, 6], y=[1, 1], name="s2", mode="lines"), go.Bar(x=[3], y=[2], name="c"),
+                      go.Scattergl(x=[1], y=[1], name="gl")], {"title.text": "T"})
+    assert [t.uid for t in fw.data][:3] == uids and len(fw.data) == 4
+    assert [(t.type, t.name, t.visible) for t in fw.data] == [
+        ("bar", "c", True), ("bar", None, False), ("scatter", "s2", True), ("scattergl", "gl", True)]
+    assert list(fw.data[2].x) == [5, 6] and fw.data[2].mode == "lines" and fw.layout.title.text == "T"
+
+
+def test_memory_owners_are_notebook_cells_in_ipython_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Widgets used in a notebook without ``%load_ext torchneuron_lab``: an allocation's owner is its cell
+    ('cell [n], line k'), mapped as the recorder maps kernels, not IPython's compiled-cell file path."""
+    from IPython.testing.globalipapp import get_ipython
+
+    monkeypatch.setattr(recorder, "_source_mapper", None)  # the extension is not loaded
+    shell = get_ipython()
+    mem = torch.neuron.memory
+    mem._record_memory_history("all", context="all")
+    try:
+        r = shell.run_cell("import torch\nmem_owner = torch.empty(7 << 20, dtype=torch.uint8, device='neuron')",
+                           store_history=True)
+        assert r.error_in_exec is None
+        snap = mem._snapshot()
+    finally:
+        mem._record_memory_history(None)
+        shell.user_ns.pop("mem_owner", None)
+    n = r.execution_count
+    cell_file = next(f for f, k in shell.compile._filename_map.items() if k == n)
+    owner = next(row for row in F.top_allocations(snap, 100, device=0) if row["size"] == 7 << 20)
+    assert owner["source"] == f"cell [{n}], line 2"
+    seg = F.segment_map_figure(snap, device=0)
+    text = " ".join(h for t in seg.data if t.name == "allocated block" for h in t.hovertext)
+    assert f"allocated at: cell [{n}], line 2" in text and cell_file not in text
+    # a block allocated before history recording has no frames: said so, not guessed
+    assert F._user_frame([]) == "unknown (allocated before allocator history was recorded with context)"
+    # outside IPython (no shell) the same frames read as file:line
+    monkeypatch.setattr("IPython.get_ipython", lambda: None)
+    plain = next(row for row in F.top_allocations(snap, 100, device=0) if row["size"] == 7 << 20)
+    assert plain["source"] == f"{cell_file}:2 in <module>"
+
+
+def test_timeline_sources_are_notebook_cells_in_ipython_without_the_extension(monkeypatch: pytest.MonkeyPatch) -> None:
+    from IPython.testing.globalipapp import get_ipython
+
+    monkeypatch.setattr(recorder, "_source_mapper", None)  # the extension is not loaded
+    shell = get_ipython()
+    shell.user_ns["recorder"] = recorder
+    r = shell.run_cell("import torch\ntl_x = torch.ones(4, 4, device='neuron')\n"
+                       "with recorder.record(with_stack=True) as tl_box:\n    tl_y = tl_x * 3\n", store_history=True)
+    assert r.error_in_exec is None
+    trace = shell.user_ns.pop("tl_box")[0]
+    n = r.execution_count
+    (mul,) = [e for e in trace.events if e.kind == "kernel"]
+    assert mul.location is not None and not mul.location.startswith("cell [")  # what the recorder stored
+    assert F.event_details(mul)["source"] == f"cell [{n}], line 4"
+    w = TimelineWidget(trace)
+    assert w.select(trace.events.index(mul))["event"]["source"] == f"cell [{n}], line 4"

@@ -403,7 +403,7 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
     memory = {d: {"before": before.get(d, (0, 0))[0], "after": a, "peak": p} for d, (a, p) in after.items()
            if a or p or before.get(d, (0, 0))[0]}
     res = ProfileResult(
-        trace=trace, summary=summarize(trace.events, k=None), top=top, memory=memory,
+        trace=trace, summary=summarize(trace, k=None), top=top, memory=memory,
         new_subgraphs=[r.id for r in registry.records()[n_graphs:]],
         graph_breaks=[{"location": b.location, "reason": b.reason} for b in capture.graph_breaks()
                       if b.count > break_marks.get(id(b), 0)],
@@ -416,7 +416,9 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
 
 
 class Watch:
-    """Ambient mode: records each cell (no stacks) and prints one line when the cell did something."""
+    """Ambient mode: records each cell (with stacks, so that a host wait names its line) and prints one
+    line when the cell did something: kernels, transfers, syncs with the host's wait time and the lines
+    that waited, new signatures, graph breaks, device memory."""
 
     def __init__(self, shell: Any) -> None:
         self.shell = shell
@@ -426,13 +428,32 @@ class Watch:
         self._breaks = 0
         self._mem: dict[int, tuple[int, int]] = {}
         self._extra = {"kernel": 0, "dma": 0, "sync": 0}
+        self._waits: list[Any] = []
         self._suspended = False
         self.last: WatchLine | None = None
 
-    def _count_into(self, events: Any, counts: dict[str, int]) -> None:
-        for e in events:
+    def _count_into(self, trace: Any, counts: dict[str, int]) -> None:
+        """Add the trace's kernels, transfers and syncs to ``counts`` and keep its sync events (from the
+        packed columns when the trace has them: no event objects for the kernels)."""
+        cols = getattr(trace, "columns", None)
+        if cols is not None:
+            for kind, c in cols.kind_counts().items():
+                if kind in counts:
+                    counts[kind] += c
+            self._waits.extend(cols.events_at(cols.rows_of_kind("sync")))
+            return
+        for e in trace:
             if e.kind in counts:
                 counts[e.kind] += 1
+            if e.kind == "sync":
+                self._waits.append(e)
+
+    def _start(self) -> None:
+        from ..device import recorder
+
+        recorder.clear()
+        recorder.start(record_shapes=False, with_stack=True)
+        self._owns_recorder = True
 
     def suspend(self) -> None:
         """Another lab recording (``%%neuron_profile``) takes the recorder: keep what this cell has run so
@@ -441,7 +462,7 @@ class Watch:
 
         if self.active and self._owns_recorder:
             recorder.stop()
-            self._count_into(recorder.read().events, self._extra)
+            self._count_into(recorder.read(), self._extra)
             recorder.clear()
             self._owns_recorder = False
             self._suspended = True
@@ -453,14 +474,12 @@ class Watch:
         if self._suspended:
             self._suspended = False
             if self.active and not recorder.is_recording():
-                recorder.clear()
-                recorder.start(record_shapes=False, with_stack=False)
-                self._owns_recorder = True
+                self._start()
 
     def note_profiled(self, result: Any) -> None:
         """Count the kernels, transfers and syncs a profiled cell ran (its recording was not ours)."""
         if self.active:
-            self._count_into(result.events, self._extra)
+            self._count_into(result.trace, self._extra)
 
     def pre_run_cell(self, info: Any = None) -> None:
         from ..compiler import capture, signatures
@@ -468,15 +487,14 @@ class Watch:
 
         self._sig_mark = signatures.mark()
         self._extra = {"kernel": 0, "dma": 0, "sync": 0}
+        self._waits = []
         self._breaks = sum(b.count for b in capture.graph_breaks())
         self._mem = _memory_now()
         if self._owns_recorder:  # still ours (turned on by %neuron_watch earlier in this cell)
             recorder.clear()
             return
-        self._owns_recorder = not recorder.is_recording()
-        if self._owns_recorder:
-            recorder.clear()
-            recorder.start(record_shapes=False, with_stack=False)
+        if not recorder.is_recording():
+            self._start()
 
     def post_run_cell(self, result: Any = None) -> None:
         line = self.collect(getattr(result, "execution_count", None))
@@ -495,14 +513,17 @@ class Watch:
     def collect(self, cell: int | None) -> WatchLine:
         from ..compiler import capture, signatures
         from ..device import recorder
+        from ..tracing import host_waits
 
         counts = dict(self._extra)
         self._extra = {"kernel": 0, "dma": 0, "sync": 0}
         if self._owns_recorder:
             recorder.stop()
-            self._count_into(recorder.read().events, counts)
+            self._count_into(recorder.read(), counts)
             recorder.clear()
             self._owns_recorder = False
+        waits = host_waits(self._waits, top=3)
+        self._waits = []
         new = sum(len(v) for v in signatures.new_since(self._sig_mark).values())
         breaks = sum(b.count for b in capture.graph_breaks()) - self._breaks
         mem = _memory_now()
@@ -510,5 +531,6 @@ class Watch:
         shown = {d: v for d, v in mem.items() if v != (0, 0)}
         self.last = WatchLine(cell=cell, kernels=counts["kernel"], transfers=counts["dma"], syncs=counts["sync"],
                               new_signatures=new, graph_breaks=max(breaks, 0), memory=shown,
-                              memory_changed=changed)
+                              memory_changed=changed, host_wait_ns=waits["wait_ns"],
+                              wait_lines=waits["by_location"])
         return self.last

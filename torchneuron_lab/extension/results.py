@@ -447,6 +447,12 @@ class MemoryResult(_Rich):
 # --------------------------------------------------------------------------- %%neuron_profile
 
 
+def _wait_line(row: dict[str, Any]) -> str:
+    """'cell [4], line 3 (200 ns, 2 syncs)' for a :func:`~torchneuron_lab.tracing.host_waits` row."""
+    n = row["count"]
+    return f"{row['location']} ({fmt_ns(row['wait_ns'])}{f', {n} syncs' if n > 1 else ''})"
+
+
 @dataclass(repr=False)
 class ProfileResult(_Rich):
     """What one ``%%neuron_profile`` cell did on the device.
@@ -550,6 +556,23 @@ class ProfileResult(_Rich):
         return [[r["name"], f"neuron:{r['device']}", fmt_ns(r["wait_ns"]), r["location"] or ""]
                 for r in self.summary["sync_events"]]
 
+    def _bound_line(self) -> str | None:
+        bound = self.summary.get("bound")
+        return None if not bound else str(bound["headline"])
+
+    @property
+    def host_wait_ns(self) -> int:
+        """Time the host waited at syncs during the cell."""
+        return int(self.summary.get("host_waits", {}).get("wait_ns", 0))
+
+    def _wait_rows(self) -> list[list[Any]]:
+        return [[r["location"], r["count"], fmt_ns(r["wait_ns"]), ", ".join(r["names"])]
+                for r in self.summary.get("host_waits", {}).get("by_location", [])]
+
+    def _wait_title(self) -> str:
+        w = self.summary.get("host_waits", {})
+        return f"host waited {fmt_ns(w.get('wait_ns', 0))} at {w.get('count', 0)} syncs, by line"
+
     def _dma_rows(self) -> list[list[Any]]:
         return [[d, v["count"], fmt_bytes(v["bytes"])] for d, v in self.summary["transfers"].items() if v["count"]]
 
@@ -573,11 +596,16 @@ class ProfileResult(_Rich):
 
     def __str__(self) -> str:
         lines = [self._headline()]
+        if self._bound_line():
+            lines.append(f"  {self._bound_line()}")
         if self.summary["time_by_engine"]:
             lines += _text_table(("engine", "count", "time", "share"), self._engine_rows())
         if self.summary["top_kernels"]:
             lines.append("  top kernels (est = trn ESTIMATE):")
             lines += _text_table(("kernel", "engine", "count", "time", "share", "est"), self._top_rows(), "    ")
+        if self._wait_rows():
+            lines.append(f"  {self._wait_title()}:")
+            lines += _text_table(("line", "syncs", "waited", "cause"), self._wait_rows(), "    ")
         if self._sync_rows():
             lines.append("  host syncs:")
             lines += _text_table(("op", "device", "wait", "where"), self._sync_rows(), "    ")
@@ -589,12 +617,17 @@ class ProfileResult(_Rich):
 
     def _repr_html_(self) -> str:
         parts = [f"<p><b>{html.escape(self._headline())}</b></p>"]
+        if self._bound_line():
+            parts.append(f"<p class='tnl-bound'>{html.escape(str(self._bound_line()))}</p>")
         if self.summary["time_by_engine"]:
             parts.append(_html_section("Time by engine",
                                        _html_table(("engine", "count", "time", "share"), self._engine_rows())))
         if self.summary["top_kernels"]:
             parts.append(_html_section("Top kernels (est = trn ESTIMATE)", _html_table(
                 ("kernel", "engine", "count", "time", "share", "est"), self._top_rows())))
+        if self._wait_rows():
+            parts.append(_html_section(self._wait_title()[0].upper() + self._wait_title()[1:], _html_table(
+                ("line", "syncs", "waited", "cause"), self._wait_rows())))
         if self._sync_rows():
             parts.append(_html_section("Host syncs", _html_table(("op", "device", "wait", "where"),
                                                                  self._sync_rows())))
@@ -619,6 +652,8 @@ class WatchLine(_Rich):
     graph_breaks: int = 0
     memory: dict[int, tuple[int, int]] = field(default_factory=dict)  # device -> (current, peak)
     memory_changed: bool = False
+    host_wait_ns: int = 0  # time the host waited at the syncs
+    wait_lines: list[dict[str, Any]] = field(default_factory=list)  # host_waits()' rows: the lines that waited
 
     @property
     def eventful(self) -> bool:
@@ -633,6 +668,9 @@ class WatchLine(_Rich):
             parts.append(f"{self.new_signatures} new signatures")
         if self.syncs:
             parts.append(f"{self.syncs} host syncs")
+            if self.host_wait_ns:
+                parts.append(f"host waited {fmt_ns(self.host_wait_ns)}"
+                             + (" at " + "; ".join(_wait_line(r) for r in self.wait_lines) if self.wait_lines else ""))
         if self.graph_breaks:
             parts.append(f"{self.graph_breaks} graph breaks")
         mem = ", ".join(f"neuron:{d} {fmt_bytes(c)} (peak {fmt_bytes(p)})" for d, (c, p) in self.memory.items())

@@ -12,6 +12,19 @@ Layout of the exported trace:
   roofline ESTIMATE (``estimate_us``, labelled as an estimate);
 * ``otherData`` carries the trace metadata (profile, dropped count, clock origin).
 
+Asynchronous traces (events carry their host launch span, ``host_end_ns > 0``, issue 12) add:
+
+* device tracks per stream: stream 0 keeps the engine's ``tid``; stream ``s > 0`` uses
+  ``tid = s * STREAM_TID_STRIDE + engine tid``, named ``'<engine> · stream <s>'``;
+* a host process (``pid`` :data:`HOST_PID`, named ``host``) with one track per host thread
+  (``tid`` = the recorder's thread id, named ``host thread <id>``): each kernel's launch is a complete
+  event there (``cat`` 'launch', name = the op), and each sync is a complete event spanning the time
+  the host waited (``cat`` 'sync'; an instant when it did not wait);
+* a flow from each launch to its kernel: ``ph 's'`` inside the launch slice and ``ph 'f'`` inside the
+  kernel slice, both ``bp: 'e'`` (bound to the enclosing slice), ``name``/``cat`` 'launch' and ``id``
+  the launch's correlation id (or :data:`FLOW_ID_BASE` + seq when the recorder gave none), so Perfetto
+  and chrome://tracing draw an arrow from the host call to the kernel it queued.
+
 :func:`validate_chrome_trace` checks the parts of the format the viewers rely on.
 """
 
@@ -30,8 +43,10 @@ from torchneuron_lab.tracing.events import ENGINES, KernelEvent, Trace, device_n
 
 __all__ = [
     "ENGINE_TIDS",
+    "FLOW_ID_BASE",
     "HOST_PID",
     "PHASES",
+    "STREAM_TID_STRIDE",
     "chrome_trace_problems",
     "to_chrome_trace",
     "validate_chrome_trace",
@@ -42,6 +57,10 @@ __all__ = [
 ENGINE_TIDS: dict[str, int] = {engine: i + 1 for i, engine in enumerate(ENGINES)}
 #: Process id used for events whose device index is negative (host-only events).
 HOST_PID = 1_000_000
+#: Track ids of stream ``s`` on a device: ``s * STREAM_TID_STRIDE + ENGINE_TIDS[engine]``.
+STREAM_TID_STRIDE = 100
+#: Flow ids of launches without a correlation id: ``FLOW_ID_BASE + seq``.
+FLOW_ID_BASE = 1 << 40
 #: Every phase letter of the Trace Event Format.
 PHASES: frozenset[str] = frozenset("BEXiICbnestfPNODMVvRc")
 
@@ -130,7 +149,19 @@ def _to_chrome_trace(
     note = _estimate_note(info.get("profile"))
     profile = info.get("profile")
 
-    t0 = min((e.start_ns for e in evs), default=0) if relative else 0
+    launched = [e for e in evs if e.host_end_ns > 0]
+    if not launched:  # a synchronous trace: device processes only, syncs as instants (the old layout)
+        t0 = min((e.start_ns for e in evs), default=0) if relative else 0
+        out = _device_layout(evs, profile, note, t0)
+    else:
+        t0 = min([e.start_ns for e in evs] + [e.host_start_ns for e in launched]) if relative else 0
+        out = _async_layout(evs, profile, note, t0)
+
+    other = {"generator": "torchneuron_lab", "clock": "steady_clock_ns", "t0_ns": t0, **info}
+    return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": other}
+
+
+def _device_layout(evs: list[KernelEvent], profile: str | None, note: str, t0: int) -> list[dict[str, Any]]:
     tids = _tid_map(evs)
     out: list[dict[str, Any]] = []
 
@@ -147,27 +178,105 @@ def _to_chrome_trace(
             )
 
     for e in sorted(evs, key=lambda x: (x.start_ns, x.seq)):
-        cat = e.kind + (",new_signature" if e.new_signature else "")
-        base: dict[str, Any] = {
-            "name": e.name,
-            "cat": cat,
-            "pid": _pid(e.device),
-            "tid": tids[e.engine],
-            "ts": (e.start_ns - t0) / _NS_PER_US,
-            "args": _args(e, profile, note),
-        }
-        if e.kind in _INSTANT_KINDS or (e.kind == "marker" and e.dur_ns == 0):
-            base["ph"] = "i"
-            base["s"] = _INSTANT_KINDS.get(e.kind, "t")
-            if e.dur_ns:
-                base["args"]["wait_us"] = e.dur_ns / _NS_PER_US
-        else:
-            base["ph"] = "X"
-            base["dur"] = e.dur_ns / _NS_PER_US
-        out.append(base)
+        out.append(_slice(e, _pid(e.device), tids[e.engine], t0, profile, note))
+    return out
 
-    other = {"generator": "torchneuron_lab", "clock": "steady_clock_ns", "t0_ns": t0, **info}
-    return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": other}
+
+def _slice(e: KernelEvent, pid: int, tid: int, t0: int, profile: str | None, note: str) -> dict[str, Any]:
+    cat = e.kind + (",new_signature" if e.new_signature else "")
+    base: dict[str, Any] = {
+        "name": e.name,
+        "cat": cat,
+        "pid": pid,
+        "tid": tid,
+        "ts": (e.start_ns - t0) / _NS_PER_US,
+        "args": _args(e, profile, note),
+    }
+    if e.kind in _INSTANT_KINDS or (e.kind == "marker" and e.dur_ns == 0):
+        base["ph"] = "i"
+        base["s"] = _INSTANT_KINDS.get(e.kind, "t")
+        if e.dur_ns:
+            base["args"]["wait_us"] = e.dur_ns / _NS_PER_US
+    else:
+        base["ph"] = "X"
+        base["dur"] = e.dur_ns / _NS_PER_US
+    return base
+
+
+def _flow_id(e: KernelEvent) -> int:
+    return e.correlation if e.correlation > 0 else FLOW_ID_BASE + e.seq
+
+
+def _async_layout(evs: list[KernelEvent], profile: str | None, note: str, t0: int) -> list[dict[str, Any]]:
+    """Host process (launches, syncs) + device processes with a track per stream x engine + flows."""
+    tids = _tid_map(evs)
+    host_side = [e for e in evs if e.kind == "sync" or e.device < 0]
+    on_device = [e for e in evs if not (e.kind == "sync" or e.device < 0)]
+    launched = [e for e in on_device if e.host_end_ns > 0]
+
+    def dev_tid(e: KernelEvent) -> int:
+        return max(e.stream, 0) * STREAM_TID_STRIDE + tids[e.engine]
+
+    out: list[dict[str, Any]] = []
+    host_threads = sorted({e.thread for e in host_side} | {e.thread for e in launched})
+    out.append({"ph": "M", "name": "process_name", "pid": HOST_PID, "args": {"name": "host"}})
+    out.append({"ph": "M", "name": "process_sort_index", "pid": HOST_PID, "args": {"sort_index": -1}})
+    for i, th in enumerate(host_threads):
+        out.append({"ph": "M", "name": "thread_name", "pid": HOST_PID, "tid": th,
+                    "args": {"name": f"host thread {th}"}})
+        out.append({"ph": "M", "name": "thread_sort_index", "pid": HOST_PID, "tid": th, "args": {"sort_index": i}})
+    for dev in sorted({e.device for e in on_device}):
+        out.append({"ph": "M", "name": "process_name", "pid": dev, "args": {"name": device_name(dev)}})
+        out.append({"ph": "M", "name": "process_sort_index", "pid": dev, "args": {"sort_index": dev}})
+        tracks = sorted({(max(e.stream, 0), e.engine) for e in on_device if e.device == dev},
+                        key=lambda k: (k[0], tids[k[1]]))
+        for stream, engine in tracks:
+            tid = stream * STREAM_TID_STRIDE + tids[engine]
+            name = engine if stream == 0 else f"{engine} · stream {stream}"
+            out.append({"ph": "M", "name": "thread_name", "pid": dev, "tid": tid, "args": {"name": name}})
+            out.append({"ph": "M", "name": "thread_sort_index", "pid": dev, "tid": tid, "args": {"sort_index": tid}})
+
+    timed: list[tuple[int, int, int, dict[str, Any]]] = []  # (time ns, rank, seq, event)
+    for e in host_side:
+        ev = _slice(e, HOST_PID, e.thread, t0, profile, note)
+        if e.kind == "sync":
+            ev["args"]["stream"] = e.stream
+            ev["args"]["wait_us"] = e.dur_ns / _NS_PER_US
+            if e.dur_ns > 0:  # the host waited: a slice on its track
+                ev.pop("s", None)
+                ev["ph"] = "X"
+                ev["dur"] = e.dur_ns / _NS_PER_US
+        timed.append((e.start_ns, 2, e.seq, ev))
+    for e in on_device:
+        ev = _slice(e, e.device, dev_tid(e), t0, profile, note)
+        ev["args"]["stream"] = e.stream
+        if e.host_end_ns > 0:
+            ev["args"]["correlation"] = e.correlation
+            ev["args"]["queued_us"] = (e.start_ns - e.host_end_ns) / _NS_PER_US
+        timed.append((e.start_ns, 2, e.seq, ev))
+    for e in launched:
+        fid = _flow_id(e)
+        launch_args = {"seq": e.seq, "correlation": e.correlation, "device": e.device_name, "stream": e.stream}
+        if e.location:
+            launch_args["source"] = e.location
+        timed.append((e.host_start_ns, 0, e.seq, {
+            "name": e.name, "cat": "launch", "ph": "X", "pid": HOST_PID, "tid": e.thread,
+            "ts": (e.host_start_ns - t0) / _NS_PER_US, "dur": (e.host_end_ns - e.host_start_ns) / _NS_PER_US,
+            "args": launch_args,
+        }))
+        mid_launch = (e.host_start_ns + e.host_end_ns) / 2
+        mid_kernel = (e.start_ns + e.end_ns) / 2
+        timed.append((e.host_start_ns, 1, e.seq, {
+            "name": "launch", "cat": "launch", "ph": "s", "id": fid, "bp": "e", "pid": HOST_PID, "tid": e.thread,
+            "ts": (mid_launch - t0) / _NS_PER_US,
+        }))
+        timed.append((e.start_ns, 3, e.seq, {
+            "name": "launch", "cat": "launch", "ph": "f", "id": fid, "bp": "e", "pid": e.device,
+            "tid": dev_tid(e), "ts": (mid_kernel - t0) / _NS_PER_US,
+        }))
+    timed.sort(key=lambda x: (x[0], x[1], x[2]))
+    out.extend(ev for _, _, _, ev in timed)
+    return out
 
 
 def _is_number(x: Any) -> bool:
@@ -200,6 +309,8 @@ def chrome_trace_problems(obj: Any, *, check_json: bool = True) -> list[str]:
     else:
         return [f"a trace must be an object or a list of events, got {type(obj).__name__}"]
 
+    flow_starts: set[tuple[Any, Any, Any]] = set()
+    flow_ends: list[tuple[str, tuple[Any, Any, Any]]] = []
     for i, ev in enumerate(events):
         where = f"traceEvents[{i}]"
         if not isinstance(ev, Mapping):
@@ -244,7 +355,19 @@ def chrome_trace_problems(obj: Any, *, check_json: bool = True) -> list[str]:
                 problems.append(f"{where}: 'dur' must be >= 0, got {dur!r}")
         if ph in ("i", "I") and "s" in ev and ev["s"] not in ("g", "p", "t"):
             problems.append(f"{where}: instant scope 's' must be 'g', 'p' or 't', got {ev['s']!r}")
+        if ph in ("s", "t", "f"):
+            if not _is_id(ev.get("id")):
+                problems.append(f"{where}: flow event needs an int or string 'id', got {ev.get('id')!r}")
+            elif ph == "s":
+                flow_starts.add((ev.get("cat"), name, ev["id"]))
+            elif ph == "f":
+                flow_ends.append((where, (ev.get("cat"), name, ev["id"])))
+            if "bp" in ev and ev["bp"] != "e":
+                problems.append(f"{where}: flow binding point 'bp' must be 'e', got {ev['bp']!r}")
 
+    for where, key in flow_ends:
+        if key not in flow_starts:
+            problems.append(f"{where}: flow end without a flow start of the same cat, name and id {key[2]!r}")
     if check_json:
         try:
             json.dumps(obj, allow_nan=False)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = [
+    "ASYNC_COLUMNS",
     "COLUMNS",
     "DATAFRAME_COLUMNS",
     "DIRECTIONS",
@@ -59,7 +60,11 @@ DIRECTIONS: tuple[str, ...] = ("h2d", "d2h", "d2d")
 COLUMNS: tuple[str, ...] = (
     "seq", "kind", "name", "device", "engine", "start_ns", "end_ns", "bytes_read", "bytes_written",
     "flops", "new_signature", "shapes", "dtypes", "direction", "subgraph", "thread", "stack",
+    "stream", "host_start_ns", "host_end_ns", "correlation",
 )
+#: Recorder columns of the asynchronous device (issue 12), optional: a recorder that does not produce
+#: them (a synchronous or older build) reads as if every value were the default given here.
+ASYNC_COLUMNS: dict[str, int] = {"stream": 0, "host_start_ns": 0, "host_end_ns": 0, "correlation": 0}
 #: Columns added on the Python side (never produced by the recorder itself).
 EXTRA_COLUMNS: tuple[str, ...] = ("est_ns", "source")
 #: Columns :func:`events_from_columns` cannot do without.
@@ -107,6 +112,12 @@ class KernelEvent:
         subgraph: compiled subgraph id, -1 for eager.
         thread: host thread id that issued the event.
         stack: host Python frames, innermost last (empty when stacks were not recorded).
+        stream: stream id on its device for kernel/DMA events (0: the default stream); for a sync, the
+            stream the host waited on (-1: the whole device).
+        host_start_ns, host_end_ns: host-side span of the op call that LAUNCHED (enqueued) this kernel
+            or DMA; 0 when unknown (synchronous or older traces). The kernel's own ``start_ns``/``end_ns``
+            are its execution on the device, which can begin long after ``host_end_ns``.
+        correlation: launch id linking the host launch to its device kernel (0: none).
         est_ns: roofline ESTIMATE of the event's time on the device profile, or None (never measured).
         source: notebook location of the call, e.g. 'cell [3], line 2', or None.
     """
@@ -130,6 +141,11 @@ class KernelEvent:
     stack: tuple[StackFrame, ...] = ()
     est_ns: float | None = None
     source: str | None = None
+    # the asynchronous device's columns come last, so that positional construction stays as it was
+    stream: int = 0
+    host_start_ns: int = 0
+    host_end_ns: int = 0
+    correlation: int = 0
 
     def __post_init__(self) -> None:
         if self.end_ns < self.start_ns:
@@ -137,6 +153,22 @@ class KernelEvent:
                 f"event seq={self.seq} {self.name!r}: end_ns ({self.end_ns}) is before start_ns "
                 f"({self.start_ns})"
             )
+        if self.host_end_ns < self.host_start_ns:
+            raise ValueError(
+                f"event seq={self.seq} {self.name!r}: host_end_ns ({self.host_end_ns}) is before "
+                f"host_start_ns ({self.host_start_ns})"
+            )
+
+    @property
+    def has_launch(self) -> bool:
+        """True when the host-side launch span is known (``host_end_ns > 0``)."""
+        return self.host_end_ns > 0
+
+    @property
+    def launch_delay_ns(self) -> int | None:
+        """Time from the end of the host launch to the start of execution (queueing), or None when the
+        launch span is unknown."""
+        return self.start_ns - self.host_end_ns if self.host_end_ns > 0 else None
 
     @property
     def dur_ns(self) -> int:
@@ -226,18 +258,124 @@ class RecordedColumns:
         ("flops", "<i8"), ("thread", "<i8"), ("stack", "<i4"),
     )
 
+    #: The optional columns of :data:`ASYNC_COLUMNS` and their packed dtypes.
+    _OPTIONAL: ClassVar[tuple[tuple[str, str], ...]] = (
+        ("stream", "<i4"), ("host_start_ns", "<i8"), ("host_end_ns", "<i8"), ("correlation", "<i8"),
+    )
+
     @classmethod
     def from_raw(cls, raw: Mapping[str, Any]) -> RecordedColumns:
-        """Wrap ``_C.recorder_read_columns()`` (packed bytes per column) without copying the columns."""
+        """Wrap ``_C.recorder_read_columns()`` (packed bytes per column) without copying the columns.
+
+        The optional :data:`ASYNC_COLUMNS` are read when present (packed little-endian ints of 1, 2, 4 or
+        8 bytes, or any sequence of ints); absent ones read as their defaults (:meth:`column`)."""
         import numpy as np
 
         n = int(raw["n"])
         arrays = {name: np.frombuffer(raw[name], dtype=dt, count=n) for name, dt in cls._NUMERIC}
+        for name, dt in cls._OPTIONAL:
+            if name in raw and raw[name] is not None:
+                arrays[name] = _optional_array(raw[name], n, name, dt)
         return cls(n=n, arrays=arrays, strings=list(raw["strings"]), kinds=tuple(raw["kinds"]),
                    engines=tuple(raw["engines"]), directions=tuple(raw["directions"]))
 
+    @classmethod
+    def from_events(cls, events: Iterable[KernelEvent]) -> RecordedColumns:
+        """Pack events as the recorder would (strings interned, stacks as ids): for tests and benchmarks
+        of the columnar paths, and for traces built in Python."""
+        import numpy as np
+
+        evs = list(events)
+        strings: dict[str, int] = {"": -1}
+        kinds: dict[str, int] = {k: i for i, k in enumerate(KINDS)}
+        engines: dict[str, int] = {g: i for i, g in enumerate(ENGINES)}
+        directions: dict[str, int] = {d: i for i, d in enumerate(("", *DIRECTIONS))}
+        stacks: dict[tuple[tuple[StackFrame, ...], str | None], int] = {}
+
+        def sid(text: str) -> int:
+            return strings.setdefault(text, len(strings) - 1)
+
+        def stack_id(e: KernelEvent) -> int:
+            if not e.stack and e.source is None:
+                return -1
+            return stacks.setdefault((e.stack, e.source), len(stacks))
+
+        cols: dict[str, list[Any]] = {
+            "seq": [e.seq for e in evs], "kind": [kinds.setdefault(e.kind, len(kinds)) for e in evs],
+            "engine": [engines.setdefault(e.engine, len(engines)) for e in evs],
+            "direction": [directions.setdefault(e.direction, len(directions)) for e in evs],
+            "new_signature": [int(e.new_signature) for e in evs], "device": [e.device for e in evs],
+            "name": [sid(e.name) for e in evs], "shapes": [sid(e.shapes) for e in evs],
+            "dtypes": [sid(e.dtypes) for e in evs], "subgraph": [e.subgraph for e in evs],
+            "stack": [stack_id(e) for e in evs],
+        }
+        for name in ("start_ns", "end_ns", "bytes_read", "bytes_written", "flops", "thread", *ASYNC_COLUMNS):
+            cols[name] = [getattr(e, name) for e in evs]
+        dtypes = dict(cls._NUMERIC + cls._OPTIONAL)
+        arrays = {name: np.asarray(v, dtype=dtypes[name]) for name, v in cols.items()}
+        arrays["est_ns"] = np.asarray([np.nan if e.est_ns is None else e.est_ns for e in evs], dtype=np.float64)
+        table = [text for text, i in sorted(strings.items(), key=lambda kv: kv[1]) if i >= 0]
+        return cls(n=len(evs), arrays=arrays, strings=table, kinds=tuple(kinds), engines=tuple(engines),
+                   directions=tuple(directions), stack_frames=[st for st, _ in stacks],
+                   stack_sources=[src for _, src in stacks])
+
     def __len__(self) -> int:
         return self.n
+
+    def column(self, name: str) -> Any:
+        """Numeric column ``name`` as a numpy array; an absent optional column (:data:`ASYNC_COLUMNS`)
+        is an array of its default value."""
+        import numpy as np
+
+        arr = self.arrays.get(name)
+        if arr is None:
+            if name not in ASYNC_COLUMNS:
+                raise KeyError(f"no column {name!r} in the recorded columns")
+            arr = np.full(self.n, ASYNC_COLUMNS[name], dtype=np.int64)
+        return arr
+
+    def rows_of_kind(self, *kinds: str) -> Any:
+        """Row indices (numpy) of the events whose kind is one of ``kinds``."""
+        import numpy as np
+
+        codes = [i for i, k in enumerate(self.kinds) if k in kinds]
+        return np.flatnonzero(np.isin(self.arrays["kind"], codes))
+
+    def events_at(self, rows: Any) -> list[KernelEvent]:
+        """The :class:`KernelEvent` objects of the given rows only (e.g. the syncs of a long trace)."""
+        import numpy as np
+
+        rows = np.asarray(rows, dtype=np.int64)
+        sub = RecordedColumns(n=len(rows), arrays={k: v[rows] for k, v in self.arrays.items()},
+                              strings=self.strings, kinds=self.kinds, engines=self.engines,
+                              directions=self.directions, stack_frames=self.stack_frames,
+                              stack_sources=self.stack_sources)
+        return sub.events()
+
+    def kind_counts(self) -> dict[str, int]:
+        """Events per kind."""
+        import numpy as np
+
+        counts = np.bincount(self.arrays["kind"], minlength=len(self.kinds)).tolist() if self.n else []
+        return {k: int(c) for k, c in zip(self.kinds, counts) if c}
+
+    def strings_of(self, ids: Any) -> list[str]:
+        """The strings of ``ids`` into :attr:`strings` (-1: '')."""
+        return self._strings_of(ids)
+
+    def sources_of(self, rows: Any) -> list[str | None]:
+        """``KernelEvent.location`` of the given rows, without building events."""
+        n_stacks = len(self.stack_frames)
+        sources = list(self.stack_sources)
+        out: list[str | None] = []
+        for i in self.arrays["stack"][rows].tolist():
+            if not 0 <= i < n_stacks:
+                out.append(None)
+                continue
+            src = sources[i] if i < len(sources) else None
+            frames = self.stack_frames[i]
+            out.append(src if src else (str(frames[-1]) if frames else None))
+        return out
 
     def _strings_of(self, ids: Any) -> list[str]:
         table = [*self.strings, ""]  # id -1 -> ''
@@ -291,6 +429,7 @@ class RecordedColumns:
             [frames[i] for i in stack_ix],
             est_list,
             [sources[i] for i in stack_ix],
+            *(self.column(c).tolist() if c in a else [ASYNC_COLUMNS[c]] * n for c in ASYNC_COLUMNS),
         )
         gc_was = gc.isenabled()
         gc.disable()  # millions of new objects, none cyclic: collecting while building them is wasted work
@@ -299,6 +438,25 @@ class RecordedColumns:
         finally:
             if gc_was:
                 gc.enable()
+
+
+def _optional_array(value: Any, n: int, name: str, dtype: str) -> Any:
+    """An optional recorder column as an int array of length ``n``: packed bytes of any int width, or a
+    sequence/array of ints."""
+    import numpy as np
+
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        size = len(value)
+        if n == 0:
+            return np.zeros(0, dtype=dtype)
+        width = size // n if size % n == 0 else 0
+        if width not in (1, 2, 4, 8):
+            raise ValueError(f"recorder column {name!r}: {size} bytes for {n} events is not a packed int column")
+        return np.frombuffer(value, dtype=f"<i{width}" if width > 1 else "i1", count=n)
+    arr = np.asarray(value, dtype=np.int64)
+    if arr.shape != (n,):
+        raise ValueError(f"recorder column {name!r} has {arr.size} values for {n} events")
+    return arr
 
 
 def device_name(device: int) -> str:
@@ -373,6 +531,7 @@ def events_from_columns(cols: Mapping[str, Sequence[Any]]) -> list[KernelEvent]:
     seq, b_read, b_written, flops = col("seq"), col("bytes_read"), col("bytes_written"), col("flops")
     new_sig, shapes, dtypes, direction = col("new_signature"), col("shapes"), col("dtypes"), col("direction")
     subgraph, thread, stack, est, source = col("subgraph"), col("thread"), col("stack"), col("est_ns"), col("source")
+    stream, h_start, h_end, corr = col("stream"), col("host_start_ns"), col("host_end_ns"), col("correlation")
     kind, name, device, engine = cols["kind"], cols["name"], cols["device"], cols["engine"]
     start, end = cols["start_ns"], cols["end_ns"]
 
@@ -399,6 +558,10 @@ def events_from_columns(cols: Mapping[str, Sequence[Any]]) -> list[KernelEvent]:
                 subgraph=int(subgraph[i]) if subgraph is not None else -1,
                 thread=int(thread[i]) if thread is not None else 0,
                 stack=_frames(stack[i]) if stack is not None else (),
+                stream=int(stream[i]) if stream is not None else 0,
+                host_start_ns=int(h_start[i]) if h_start is not None else 0,
+                host_end_ns=int(h_end[i]) if h_end is not None else 0,
+                correlation=int(corr[i]) if corr is not None else 0,
                 est_ns=None if est_i is None else float(est_i),
                 source=None if src_i is None else str(src_i),
             )

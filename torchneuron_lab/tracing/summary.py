@@ -20,15 +20,21 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from typing import Any
 
-from torchneuron_lab.tracing.events import DIRECTIONS, ENGINES, KernelEvent
+from torchneuron_lab.tracing.events import DIRECTIONS, ENGINES, KernelEvent, RecordedColumns
 
 __all__ = [
+    "BOUND_CLASSES",
     "BUSY_KINDS",
+    "DEVICE_BOUND_FRACTION",
+    "SYNC_BOUND_FRACTION",
     "TOP_KERNEL_KEYS",
     "activity",
+    "classify_region",
+    "host_waits",
     "idle_gaps",
     "lane_utilization",
     "new_signatures",
+    "queue_depth",
     "summarize",
     "sync_events",
     "time_by_engine",
@@ -183,7 +189,8 @@ def top_kernels(
 def sync_events(events: Iterable[KernelEvent]) -> list[dict[str, Any]]:
     """Every host<->device synchronisation (kind 'sync'), in time order.
 
-    Each row: ``seq``, ``name`` (e.g. 'aten::item'), ``device``, ``start_ns``, ``end_ns``, ``wait_ns``
+    Each row: ``seq``, ``name`` (e.g. 'aten::item'), ``device``, ``stream`` (the stream waited on, -1: the
+    whole device), ``start_ns``, ``end_ns``, ``wait_ns``
     (how long the host waited), ``source`` (notebook cell/line if known) and ``location`` (source, or
     innermost stack frame).
     """
@@ -194,6 +201,7 @@ def sync_events(events: Iterable[KernelEvent]) -> list[dict[str, Any]]:
                 "seq": e.seq,
                 "name": e.name,
                 "device": e.device,
+                "stream": e.stream,
                 "start_ns": e.start_ns,
                 "end_ns": e.end_ns,
                 "wait_ns": e.dur_ns,
@@ -352,15 +360,230 @@ def lane_utilization(
     return rows
 
 
-def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str, Any]:
-    """All summaries at once: ``num_events``, ``span_ns``, ``activity`` (union of lanes),
-    ``time_by_engine``, ``top_kernels``, ``sync_events``, ``transfers``, ``new_signatures``,
-    ``lane_utilization`` and ``idle_gaps`` (per lane)."""
+# ------------------------------------------------------------------------------ host / device / sync
+#: Classes of :func:`classify_region`, in the order they are decided.
+BOUND_CLASSES: tuple[str, ...] = ("no device work", "device-bound", "sync-bound", "host-bound")
+#: Device-bound: the device queue held work (a kernel queued or running) at least this share of the span.
+DEVICE_BOUND_FRACTION = 0.9
+#: Sync-bound (when not device-bound): the host waited at syncs at least this share of the span.
+SYNC_BOUND_FRACTION = 0.2
+_DEVICE_KINDS = ("kernel", "dma")
+
+
+def _union_ns(intervals: list[tuple[int, int]]) -> int:
+    return sum(b - a for a, b in _merge(intervals))
+
+
+def _intersect_ns(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> int:
+    """Length of the intersection of two MERGED (sorted, disjoint) interval lists."""
+    i = j = total = 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if hi > lo:
+            total += hi - lo
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def host_waits(events: Iterable[KernelEvent], *, top: int | None = 5) -> dict[str, Any]:
+    """Where the host waited for the device: the sync events (kind 'sync') grouped by the line that waited.
+
+    Returns ``{"count", "wait_ns", "by_location": [{"location", "count", "wait_ns", "names"}]}``: ``wait_ns``
+    sums the syncs' durations (the time the host was blocked); ``by_location`` is sorted by wait (largest
+    first, then location), ``names`` lists the sync causes seen on that line ('aten::_local_scalar_dense'
+    for ``item()``, 'copy d2h', 'torch.neuron.synchronize', ...), and holds the ``top`` lines (None: all).
+    A sync without a known line is grouped under 'unknown'.
+    """
+    cols = getattr(events, "columns", None)
+    if isinstance(cols, RecordedColumns):  # a recorded trace: build the sync rows' events only
+        syncs = cols.events_at(cols.rows_of_kind("sync"))
+    else:
+        syncs = _select(events, ("sync",))
+    groups: dict[str, list[KernelEvent]] = defaultdict(list)
+    for e in syncs:
+        groups[e.location or "unknown"].append(e)
+    rows: list[dict[str, Any]] = [
+        {
+            "location": loc,
+            "count": len(g),
+            "wait_ns": sum(e.dur_ns for e in g),
+            "names": sorted({e.name for e in g}),
+        }
+        for loc, g in groups.items()
+    ]
+    rows.sort(key=lambda r: (-r["wait_ns"], r["location"]))
+    return {
+        "count": len(syncs),
+        "wait_ns": sum(e.dur_ns for e in syncs),
+        "by_location": rows if top is None else rows[:top],
+    }
+
+
+def _enqueue_ns(e: KernelEvent) -> int:
+    """When the kernel joined its queue: the end of its host launch, or (launch unknown) its start."""
+    return e.host_end_ns if e.host_end_ns > 0 else e.start_ns
+
+
+def queue_depth(events: Iterable[KernelEvent], device: int | None = None) -> dict[int, dict[str, list[int]]]:
+    """Kernels (and DMA) queued or running on each device over time, as a step function.
+
+    The depth at ``t`` is the number of kernels whose launch ended (``host_end_ns``; the start when the
+    launch is unknown) at or before ``t`` minus those that ended at or before ``t``. Returns
+    ``{device: {"t_ns": [...], "depth": [...]}}``: the depth from ``t_ns[i]`` until ``t_ns[i + 1]``;
+    the first point is the first launch, the last the last end (depth 0).
+
+    Args:
+        device: one device index (default: every device with kernels).
+    """
+    deltas: dict[int, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for e in _select(events, _DEVICE_KINDS):
+        if e.device < 0 or (device is not None and e.device != device):
+            continue
+        d = deltas[e.device]
+        d[min(_enqueue_ns(e), e.start_ns)] += 1
+        d[e.end_ns] -= 1
+    out: dict[int, dict[str, list[int]]] = {}
+    for dev in sorted(deltas):
+        ts: list[int] = []
+        depth: list[int] = []
+        level = 0
+        for t in sorted(deltas[dev]):
+            level += deltas[dev][t]
+            if depth and depth[-1] == level:
+                continue
+            ts.append(t)
+            depth.append(level)
+        out[dev] = {"t_ns": ts, "depth": depth}
+    return out
+
+
+def classify_region(events: Iterable[KernelEvent], *, top: int = 3) -> dict[str, Any]:
+    """Is the profiled region host-bound, device-bound or sync-bound? A pure function of the events.
+
+    The region's span runs from the first host launch or event start to the last event end. Decided in
+    this order (thresholds :data:`DEVICE_BOUND_FRACTION`, :data:`SYNC_BOUND_FRACTION`):
+
+    * ``"no device work"``: no kernel or DMA ran.
+    * ``"device-bound"``: the device queue held work (a kernel launched and not yet finished, see
+      :func:`queue_depth`, on any device) for at least 90% of the span: the device was the bottleneck.
+    * ``"sync-bound"``: otherwise, when the host waited at syncs (``item()``, ``.cpu()``, printing,
+      ``synchronize``...) for at least 20% of the span: each wait drains the queue, so the host's own
+      work after it cannot overlap the device's.
+    * ``"host-bound"``: otherwise: the device was idle while the host ran (launching kernels: launch
+      overhead; or Python between launches).
+
+    Returns ``{"class", "headline", "span_ns", "device_busy_ns", "device_idle_ns", "device_idle_fraction",
+    "launch_ns" (union of host launch spans), "idle_while_launching_ns" (device idle during them),
+    "idle_while_launching_fraction", "queue_busy_ns", "queue_busy_fraction", "sync_count",
+    "sync_wait_ns" (sum), "sync_wait_fraction" (union over the span), "top_sync_lines"
+    (:func:`host_waits`' rows), "launches_known"}``. Fractions are of ``span_ns`` (0.0 for an empty span).
+    """
     evs = list(events)
-    span = (max(e.end_ns for e in evs) - min(e.start_ns for e in evs)) if evs else 0
+    work = [e for e in _select(evs, _DEVICE_KINDS) if e.device >= 0]
+    syncs = _select(evs, ("sync",))
+    launches = [(e.host_start_ns, e.host_end_ns) for e in work if e.host_end_ns > 0]
+    lo = min([e.start_ns for e in evs] + [a for a, _ in launches], default=0)
+    hi = max((e.end_ns for e in evs), default=0)
+    busy = _merge([(e.start_ns, e.end_ns) for e in work])
+    launch_m = _merge(launches)
+    launch_ns = sum(b - a for a, b in launch_m)
+    return _classification(
+        span=hi - lo, has_work=bool(work), busy_ns=sum(b - a for a, b in busy),
+        queue_ns=_union_ns([(min(_enqueue_ns(e), e.start_ns), e.end_ns) for e in work]),
+        launch_ns=launch_ns, idle_launching=launch_ns - _intersect_ns(launch_m, busy),
+        wait_union=_union_ns([(e.start_ns, e.end_ns) for e in syncs]),
+        waits=host_waits(syncs, top=top), launches_known=bool(launches),
+    )
+
+
+def _classification(*, span: int, has_work: bool, busy_ns: int, queue_ns: int, launch_ns: int,
+                    idle_launching: int, wait_union: int, waits: dict[str, Any],
+                    launches_known: bool) -> dict[str, Any]:
+    """The decision of :func:`classify_region` from the measured times (one rule for every input path)."""
+
+    def frac(x: int) -> float:
+        return x / span if span > 0 else 0.0
+
+    idle_ns = span - busy_ns if has_work else span
+    out: dict[str, Any] = {
+        "span_ns": span,
+        "device_busy_ns": busy_ns,
+        "device_idle_ns": idle_ns,
+        "device_idle_fraction": frac(idle_ns),
+        "launch_ns": launch_ns,
+        "idle_while_launching_ns": idle_launching,
+        "idle_while_launching_fraction": frac(idle_launching),
+        "queue_busy_ns": queue_ns,
+        "queue_busy_fraction": frac(queue_ns),
+        "sync_count": waits["count"],
+        "sync_wait_ns": waits["wait_ns"],
+        "sync_wait_fraction": frac(wait_union),
+        "top_sync_lines": waits["by_location"],
+        "launches_known": launches_known,
+    }
+    top_line = ""
+    if waits["by_location"]:
+        first = waits["by_location"][0]
+        top_line = f"; most at {first['location']} ({_fmt_ns(first['wait_ns'])} in {first['count']})"
+    if not has_work:
+        cls, head = "no device work", "no device work: no kernel or transfer ran"
+    elif span > 0 and queue_ns >= DEVICE_BOUND_FRACTION * span:
+        cls = "device-bound"
+        head = (f"device-bound: the device queue held work {out['queue_busy_fraction']:.0%} of the "
+                f"{_fmt_ns(span)} span (device busy {frac(busy_ns):.0%})")
+    elif span > 0 and wait_union >= SYNC_BOUND_FRACTION * span:
+        cls = "sync-bound"
+        head = (f"sync-bound: the host waited {_fmt_ns(waits['wait_ns'])} at {waits['count']} "
+                f"sync{'s' if waits['count'] != 1 else ''} ({out['sync_wait_fraction']:.0%} of the "
+                f"{_fmt_ns(span)} span){top_line}")
+    else:
+        cls = "host-bound"
+        if launches_known:
+            head = (f"host-bound: the device was idle {out['idle_while_launching_fraction']:.0%} of the "
+                    f"{_fmt_ns(span)} span while the host was launching kernels (idle "
+                    f"{out['device_idle_fraction']:.0%} in all)")
+        else:
+            head = (f"host-bound: the device was idle {out['device_idle_fraction']:.0%} of the "
+                    f"{_fmt_ns(span)} span (launch times not recorded: synchronous trace)")
+    out["class"] = cls
+    out["headline"] = head
+    return out
+
+
+def _fmt_ns(ns: float) -> str:
+    if ns < 1e3:
+        return f"{ns:.0f} ns"
+    if ns < 1e6:
+        return f"{ns / 1e3:.2f} µs"
+    if ns < 1e9:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e9:.3f} s"
+
+
+# ------------------------------------------------------------------------------ summarize
+def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str, Any]:
+    """All summaries at once: ``num_events``, ``span_ns`` (first event start, or first host launch of an
+    asynchronous trace, to the last event end), ``activity`` (union of lanes),
+    ``time_by_engine``, ``top_kernels``, ``sync_events``, ``transfers``, ``new_signatures``,
+    ``lane_utilization`` and ``idle_gaps`` (per lane), ``host_waits`` and ``bound``
+    (:func:`classify_region`).
+
+    A :class:`~torchneuron_lab.tracing.Trace` read from the recorder (``trace.columns`` set) is
+    summarised from its numpy columns without building its event objects; the result is the same.
+    """
+    cols = getattr(events, "columns", None)
+    if isinstance(cols, RecordedColumns):
+        from torchneuron_lab.tracing._columnar import summarize_columns
+
+        return summarize_columns(cols, k=k)
+    evs = list(events)
+    bound = classify_region(evs)
     return {
         "num_events": len(evs),
-        "span_ns": span,
+        "span_ns": bound["span_ns"],
         "activity": activity(evs),
         "time_by_engine": time_by_engine(evs),
         "top_kernels": top_kernels(evs, k),
@@ -369,4 +592,6 @@ def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str,
         "new_signatures": new_signatures(evs),
         "lane_utilization": lane_utilization(evs),
         "idle_gaps": idle_gaps(evs),
+        "host_waits": host_waits(evs),
+        "bound": bound,
     }

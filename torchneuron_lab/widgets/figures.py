@@ -26,7 +26,8 @@ from __future__ import annotations
 import html
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -39,13 +40,17 @@ __all__ = [
     "BREAK_MIN_NS",
     "FAMILIES",
     "HOST_LANE",
+    "LAUNCH_COLOR",
     "LOD",
     "MAX_BREAKS",
+    "MAX_FLOWS",
     "WEBGL_THRESHOLD",
     "EventColumns",
     "TimeAxis",
     "axis_ticks",
+    "bound_of",
     "event_details",
+    "event_location",
     "graph_break_rows",
     "graph_breaks_figure",
     "lane_label",
@@ -54,6 +59,7 @@ __all__ = [
     "memory_figure",
     "memory_timeline",
     "op_family",
+    "queue_depth_steps",
     "segment_map_figure",
     "subgraph_rows",
     "subgraph_table_figure",
@@ -105,10 +111,12 @@ def op_family(name: str, kind: str = "kernel") -> str:
     return "other"
 
 
-def lane_label(device: int, engine: str) -> str:
-    """'neuron:0 · tensor'; the host lane is 'host'."""
+def lane_label(device: int, engine: str, stream: int = 0) -> str:
+    """'neuron:0 · tensor' (the default stream), 'neuron:0 · s1 · dma' (stream 1); the host lane is 'host'."""
     if engine == "host" or device < 0:
         return HOST_LANE
+    if stream > 0:
+        return f"{device_name(device)} · s{stream} · {engine}"
     return f"{device_name(device)} · {engine}"
 
 
@@ -116,10 +124,27 @@ def _engine_key(engine: str) -> tuple[int, str]:
     return (ENGINES.index(engine), "") if engine in ENGINES else (len(ENGINES), engine)
 
 
+def _lane_key_of(device: int, stream: int, engine: str) -> tuple[int, int, str]:
+    """(device, stream, engine) of the lane an event is drawn on (host events: (-1, -1, 'host'))."""
+    if engine == "host" or device < 0:
+        return (-1, -1, "host")
+    return (device, max(stream, 0), engine)
+
+
+def _lane_key(e: KernelEvent) -> tuple[int, int, str]:
+    return _lane_key_of(e.device, e.stream, e.engine)
+
+
 def lanes_of(events: Iterable[KernelEvent]) -> list[str]:
-    """Lane labels present in ``events``, in display order: devices ascending, engines in
-    :data:`ENGINES` order, the host lane last."""
-    return _lanes_from_keys({(e.device, e.engine) for e in events})
+    """Lane labels present in ``events``, in display order: devices ascending, then streams ascending,
+    engines in :data:`ENGINES` order, the host lane last (also present when a kernel carries its host
+    launch span: the launch is drawn there)."""
+    keys: set[tuple[int, int, str]] = set()
+    for e in events:
+        keys.add(_lane_key(e))
+        if e.host_end_ns > 0:
+            keys.add((-1, -1, "host"))
+    return _lanes_from_keys(keys)
 
 
 # ------------------------------------------------------------------------------------ columns
@@ -138,23 +163,79 @@ class EventColumns:
     kind: np.ndarray
     kinds: list[str]
     t0: int
+    #: host launch span of each event (0, 0 when unknown); :attr:`launched` marks the known ones
+    host_start: np.ndarray | None = None
+    host_end: np.ndarray | None = None
+    #: index of the host lane in :attr:`lanes` (-1: none)
+    host_lane: int = -1
+    device: np.ndarray | None = None
+    #: derived columns computed once per trace (queue depth, launch columns): zooms reuse them
+    cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def build(cls, events: Trace | Iterable[KernelEvent]) -> EventColumns:
         evs = list(events.events if isinstance(events, Trace) else events)
         n = len(evs)
-        start = np.fromiter((e.start_ns for e in evs), dtype=np.int64, count=n)
-        end = np.fromiter((e.end_ns for e in evs), dtype=np.int64, count=n)
-        keys = [(e.device, e.engine) for e in evs]
-        key_to_label = {k: lane_label(*k) for k in set(keys)}
-        lanes = _lanes_from_keys(set(key_to_label))
+
+        def column(name: str) -> np.ndarray:  # C-level iteration: no Python frame per event
+            return np.fromiter(map(attrgetter(name), evs), dtype=np.int64, count=n)
+
+        start, end, h_end = column("start_ns"), column("end_ns"), column("host_end_ns")
+        launched = h_end > 0
+        h_start = column("host_start_ns") if launched.any() else h_end
+        raw = list(map(attrgetter("device", "stream", "engine"), evs))
+        lane_keys = {k: _lane_key_of(*k) for k in set(raw)}
+        key_set = set(lane_keys.values()) | ({(-1, -1, "host")} if launched.any() else set())
+        lanes = _lanes_from_keys(key_set)
         pos = {lab: i for i, lab in enumerate(lanes)}
-        key_to_lane = {k: pos[lab] for k, lab in key_to_label.items()}
-        lane = np.fromiter((key_to_lane[k] for k in keys), dtype=np.int32, count=n)
-        kind_codes: dict[str, int] = {}
-        kind = np.fromiter((kind_codes.setdefault(e.kind, len(kind_codes)) for e in evs), dtype=np.int8, count=n)
+        raw_to_lane = {k: pos[lane_label(lk[0], lk[2], lk[1])] for k, lk in lane_keys.items()}
+        lane = np.fromiter(map(raw_to_lane.__getitem__, raw), dtype=np.int32, count=n)
+        kinds_seen = list(dict.fromkeys(map(attrgetter("kind"), evs)))
+        kind_codes = {k: i for i, k in enumerate(kinds_seen)}
+        kind = np.fromiter(map(kind_codes.__getitem__, map(attrgetter("kind"), evs)), dtype=np.int8, count=n)
+        # one device per lane (the host lane: -1); work on a device never sits on the host lane
+        lane_device = np.full(len(lanes), -1, dtype=np.int32)
+        for k, lk in lane_keys.items():
+            if lk[2] != "host":
+                lane_device[raw_to_lane[k]] = lk[0]
+        device = lane_device[lane] if n else np.zeros(0, dtype=np.int32)
         t0 = int(start.min()) if n else 0
-        return cls(evs, lanes, start, end, lane, kind, list(kind_codes), t0)
+        if launched.any():
+            t0 = min(t0, int(h_start[launched].min()))
+        return cls(evs, lanes, start, end, lane, kind, kinds_seen, t0, h_start, h_end, pos.get(HOST_LANE, -1),
+                   device)
+
+    @property
+    def launched(self) -> np.ndarray:
+        """Mask of the events whose host launch span is known (an asynchronous trace)."""
+        if self.host_end is None:
+            return np.zeros(len(self.events), dtype=bool)
+        return self.host_end > 0
+
+    @property
+    def is_async(self) -> bool:
+        """True when any event carries its host launch span."""
+        return bool(self.launched.any())
+
+    def launch_columns(self) -> EventColumns:
+        """The launches as columns of their own, for :func:`lod_aggregate`: each event's host span on the
+        host lane (events without a launch span keep their own times; mask them with :attr:`launched`)."""
+        if "launch_columns" in self.cache:
+            return self.cache["launch_columns"]  # type: ignore[no-any-return]
+        launched = self.launched
+        start = np.where(launched, self.host_start, self.start) if self.host_start is not None else self.start
+        end = np.where(launched, self.host_end, self.end) if self.host_end is not None else self.end
+        lane = np.where(launched, self.host_lane, self.lane).astype(np.int32)
+        out = EventColumns(self.events, self.lanes, start, end, lane, self.kind, self.kinds, self.t0,
+                           self.host_start, self.host_end, self.host_lane, self.device)
+        self.cache["launch_columns"] = out
+        return out
+
+    def extent(self) -> tuple[int, int]:
+        """First start (host launches included) and last end, in ns (0, 0 when empty)."""
+        if not len(self.events):
+            return 0, 0
+        return self.t0, int(self.end.max())
 
     def kind_mask(self, *kinds: str) -> np.ndarray:
         """Boolean mask of the events whose kind is one of ``kinds``."""
@@ -162,10 +243,10 @@ class EventColumns:
         return np.isin(self.kind, codes)
 
 
-def _lanes_from_keys(keys: set[tuple[int, str]]) -> list[str]:
-    dev = sorted({(d, g) for d, g in keys if g != "host" and d >= 0}, key=lambda k: (k[0], _engine_key(k[1])))
-    labels = [lane_label(d, g) for d, g in dev]
-    if any(g == "host" or d < 0 for d, g in keys):
+def _lanes_from_keys(keys: set[tuple[int, int, str]]) -> list[str]:
+    dev = sorted({k for k in keys if k[2] != "host" and k[0] >= 0}, key=lambda k: (k[0], k[1], _engine_key(k[2])))
+    labels = [lane_label(d, g, st) for d, st, g in dev]
+    if any(g == "host" or d < 0 for d, _, g in keys):
         labels.append(HOST_LANE)
     return labels
 
@@ -311,8 +392,7 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
     n = len(cols.events)
     busy_mask = cols.kind_mask(*_BUSY)
     sync_mask = cols.kind_mask("sync")
-    lo = int(cols.start.min()) if n else 0
-    hi = int(cols.end.max()) if n else 0
+    lo, hi = cols.extent()
     out: dict[str, Any] = {
         "num_events": n,
         "span_ns": hi - lo,
@@ -362,6 +442,66 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
     out["busy_ns"] = busy_union
     out["idle_ns"] = out["span_ns"] - busy_union
     out["idle_gaps"] = union_gaps
+    # what bounds the region needs the host side: only an asynchronous trace (launch spans) has it
+    out["bound"] = bound_of(cols) if cols.is_async else None
+    return out
+
+
+def bound_of(cols: EventColumns) -> dict[str, Any]:
+    """:func:`torchneuron_lab.tracing.classify_region` of the events, computed on the figure's columns
+    (the same rule; only the sync events are looked at one by one)."""
+    from torchneuron_lab.tracing import summary as S
+    from torchneuron_lab.tracing._columnar import _merged, _union_ns
+
+    n = len(cols.events)
+    dev = cols.device if cols.device is not None else np.zeros(n, dtype=np.int32)
+    work = cols.kind_mask("kernel", "dma") & (dev >= 0)
+    ws, we = cols.start[work], cols.end[work]
+    launched = cols.launched[work]
+    h_start = cols.host_start[work] if cols.host_start is not None else ws
+    h_end = cols.host_end[work] if cols.host_end is not None else ws
+    ls, le = h_start[launched], h_end[launched]
+    bs, be = _merged(ws, we)
+    busy_ns = int((be - bs).sum())
+    launch_ns = _union_ns(ls, le)
+    both = _union_ns(np.concatenate([ls, bs]), np.concatenate([le, be]))
+    syncs = [cols.events[i] for i in np.flatnonzero(cols.kind_mask("sync")).tolist()]
+    lo, hi = cols.extent()
+    return S._classification(
+        span=hi - lo, has_work=bool(work.any()), busy_ns=busy_ns,
+        queue_ns=_union_ns(np.minimum(np.where(launched, h_end, ws), ws), we), launch_ns=launch_ns,
+        idle_launching=launch_ns - (launch_ns + busy_ns - both),
+        wait_union=_union_ns(np.asarray([e.start_ns for e in syncs], dtype=np.int64),
+                             np.asarray([e.end_ns for e in syncs], dtype=np.int64)),
+        waits=S.host_waits(syncs, top=3), launches_known=bool(len(ls)),
+    )
+
+
+def queue_depth_steps(cols: EventColumns) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per device, the queue depth as a step function ``(t_ns, depth)``: kernels (and DMA) launched
+    (``host_end_ns``; the start when unknown) and not yet finished, as
+    :func:`torchneuron_lab.tracing.queue_depth` defines it, on whole columns."""
+    if "queue_depth" in cols.cache:
+        return cols.cache["queue_depth"]  # type: ignore[no-any-return]
+    n = len(cols.events)
+    dev = cols.device if cols.device is not None else np.zeros(n, dtype=np.int32)
+    work = cols.kind_mask("kernel", "dma") & (dev >= 0)
+    out: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    cols.cache["queue_depth"] = out
+    launched = cols.launched
+    enq = np.minimum(np.where(launched, cols.host_end if cols.host_end is not None else cols.start, cols.start),
+                     cols.start)
+    for d in np.unique(dev[work]).tolist():
+        sel = work & (dev == d)
+        t = np.concatenate([enq[sel], cols.end[sel]])
+        step = np.concatenate([np.ones(int(sel.sum()), np.int64), -np.ones(int(sel.sum()), np.int64)])
+        o = np.argsort(t)  # changes at one instant are summed: their order does not matter
+        t, step = t[o], step[o]
+        level = np.cumsum(step)
+        last = np.r_[t[1:] != t[:-1], True]  # the level after every change at the same instant
+        t, level = t[last], level[last]
+        keep = np.r_[True, level[1:] != level[:-1]]
+        out[int(d)] = (t[keep], level[keep])
     return out
 
 
@@ -410,17 +550,45 @@ def _fmt_rate(amount: float, ns: int, unit: str) -> str:
     return f"{per_s:.2f} {unit}/s"
 
 
+def event_location(e: KernelEvent, mapper: Any = None) -> str | None:
+    """Where the event was launched: its notebook cell when the innermost user frame of its stack is a
+    cell -- also when the recorder had no mapper (the widgets used without ``%load_ext torchneuron_lab``:
+    the running IPython shell's cell map, :func:`_cell_mapper`) -- else ``e.location``."""
+    src = e.location
+    if not e.stack or (src and src.startswith("cell [")):
+        return src
+    m = mapper if mapper is not None else _cell_mapper()
+    if m is None:
+        return src
+    for fr in reversed(e.stack):
+        if any(tag in fr.filename for tag in _INTERNAL_FRAMES):
+            continue
+        return m(fr.filename, fr.line) or src
+    return src
+
+
 def event_details(e: KernelEvent, profile: str | None = None, t0: int | None = None) -> dict[str, Any]:
     """The hover/details fields of one event as an ordered dict of label -> text (with ``t0``, the
     trace's first start in ns, also ``start``: the measured time since then)."""
     d: dict[str, Any] = {
         "op": e.name,
         "kind": e.kind,
-        "lane": lane_label(e.device, e.engine),
+        "lane": lane_label(e.device, e.engine, e.stream),
         "duration": _fmt_ns(e.dur_ns),
     }
+    if e.kind == "sync":
+        d["host waited"] = _fmt_ns(e.dur_ns)
+        d["waited on"] = (f"{device_name(e.device)} (all streams)" if e.stream < 0
+                          else f"{device_name(e.device)} stream {e.stream}")
     if t0 is not None:
         d["start"] = f"{_fmt_ns(e.start_ns - t0)} after the first event"
+    if e.host_end_ns > 0:
+        d["stream"] = str(e.stream)
+        d["launched"] = (f"by the host in {_fmt_ns(e.host_end_ns - e.host_start_ns)}"
+                         + (f", {_fmt_ns(e.host_start_ns - t0)} after the first event" if t0 is not None else ""))
+        d["queued"] = f"{_fmt_ns(max(e.start_ns - e.host_end_ns, 0))} between launch and start"
+        if e.correlation:
+            d["correlation"] = str(e.correlation)
     if e.shapes:
         d["shapes"] = e.shapes
     if e.dtypes:
@@ -432,7 +600,7 @@ def event_details(e: KernelEvent, profile: str | None = None, t0: int | None = N
         d["achieved compute"] = _fmt_rate(e.flops, e.dur_ns, "FLOP")
     if e.direction:
         d["direction"] = e.direction
-    d["source"] = e.location or "unknown"
+    d["source"] = event_location(e) or "unknown"
     d["subgraph"] = str(e.subgraph) if e.subgraph >= 0 else "eager"
     d["new signature"] = "yes (first seen: a NEFF compile on Trainium)" if e.new_signature else "no"
     if e.est_ns is not None:
@@ -522,9 +690,14 @@ def time_axis(
     n = len(cols.events)
     if n == 0:
         return TimeAxis(0, 0, [], np.zeros(2), np.zeros(2))
-    lo, hi = int(cols.start.min()), int(cols.end.max())
-    order = np.argsort(cols.start, kind="stable")
-    s, e = cols.start[order], cols.end[order]
+    lo, hi = cols.extent()
+    starts, ends = cols.start, cols.end
+    if cols.is_async:  # a host launch is activity too: its span is never collapsed
+        launched = cols.launched
+        starts = np.concatenate([starts, cols.host_start[launched]])  # type: ignore[index]
+        ends = np.concatenate([ends, cols.host_end[launched]])  # type: ignore[index]
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
     run = np.maximum.accumulate(e)
     gap = s[1:] - run[:-1]
     cand = np.nonzero(gap >= min_ns)[0]
@@ -603,6 +776,14 @@ _MARKER_KINDS = {
     "compile": ("compile start", "star", "#e377c2"),
     "oom": ("OOM", "x", "#d62728"),
 }
+#: Colour of host launch spans and of the host's waits at syncs.
+LAUNCH_COLOR = "#9ecae1"
+WAIT_COLOR = "rgba(255,127,14,0.55)"
+#: Queue-depth line colour per device.
+QUEUE_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2")
+#: At most this many launch -> kernel links are drawn (those of the kernels drawn one by one, in time
+#: order); the widget draws the clicked kernel's link as an arrow whatever the count.
+MAX_FLOWS = 400
 #: Thickness of a kernel's bar, in lanes.
 BAR_THICKNESS = 0.7
 #: A bar is drawn at least this many pixels wide (its hover and details give the measured duration).
@@ -619,6 +800,36 @@ def _group_key(e: KernelEvent, color_by: str) -> tuple[str, str, bool]:
         return fam, FAMILIES["dma"] if fam == "dma" else _EAGER_COLOR, False
     fam = op_family(e.name, e.kind)
     return (f"{fam} (compiled)" if compiled else fam), FAMILIES[fam], compiled
+
+
+def _launch_hover(e: KernelEvent, t0: int) -> str:
+    """Hover text of a kernel's host launch span."""
+    rows = [
+        f"<b>launch of {html.escape(e.name)}</b>",
+        f"host: {_fmt_ns(e.host_end_ns - e.host_start_ns)}, {_fmt_ns(e.host_start_ns - t0)} after the first event",
+        f"runs on: {html.escape(lane_label(e.device, e.engine, e.stream))}",
+        f"queued: {_fmt_ns(max(e.start_ns - e.host_end_ns, 0))} between launch and start",
+        f"kernel: {_fmt_ns(e.dur_ns)}",
+        f"source: {html.escape(event_location(e) or 'unknown')}",
+    ]
+    return "<br>".join(rows)
+
+
+def _window_steps(t: np.ndarray, depth: np.ndarray, t0: int, t1: int, pixels: int) -> tuple[np.ndarray, np.ndarray]:
+    """The steps of ``(t, depth)`` inside ``[t0, t1]`` (with the level in force at ``t0``), at most about
+    two points per pixel: where a pixel column holds several steps, its highest level is kept."""
+    if not len(t):
+        return t, depth
+    i0 = max(int(np.searchsorted(t, t0, side="right")) - 1, 0)
+    i1 = int(np.searchsorted(t, t1, side="right"))
+    t, depth = t[i0:i1], depth[i0:i1]
+    if len(t) > 2 * pixels:
+        px = max((t1 - t0) / pixels, 1.0)
+        bins = ((t - t0) // px).astype(np.int64)
+        first = np.flatnonzero(np.r_[True, bins[1:] != bins[:-1]])
+        depth = np.maximum.reduceat(depth, first)
+        t = t[first]
+    return t, depth
 
 
 def _scatter(webgl: bool, **kw: Any) -> go.Scatter | go.Scattergl:
@@ -734,6 +945,70 @@ def timeline_figure(
             customdata=np.column_stack([np.full(k, -1), -(np.arange(k) + 1)]),
             meta={"role": "hover", "compiled": False},
         ))
+    host_y = float(cols.host_lane)
+    flows_drawn = 0
+    n_launches = 0
+    queue_devices: list[int] = []
+    if cols.is_async:
+        launch_px = max(1, round(px * scale))
+        lcols = cols.launch_columns()
+        llod = lod_aggregate(lcols, t0w, t1w, launch_px, mask=cols.launched)
+        n_launches = llod.total
+        lids = llod.singles
+        if len(lids):
+            traces.append(_bars(
+                ax.x(lcols.start[lids]), ax.x(lcols.end[lids]), min_w, y=np.full(len(lids), host_y), name="host launch",
+                legendgroup="host launch", marker={"color": LAUNCH_COLOR, "line": {"width": 0}},
+                hovertext=[_launch_hover(evs[i], t0) for i in lids.tolist()],
+                customdata=np.column_stack([[evs[i].seq for i in lids.tolist()], lids]),
+                meta={"role": "launch"},
+            ))
+        if len(llod.agg_count):
+            k = len(llod.agg_count)
+            traces.append(_bars(
+                ax.x(llod.agg_start), ax.x(llod.agg_end), min_w, y=np.full(k, host_y), name="host launches (merged)",
+                legendgroup="host launch", marker={"color": LAUNCH_COLOR, "line": {"width": 1, "color": "#555"}},
+                hovertext=[f"<b>{int(llod.agg_count[j]):,} launches merged</b> (zoom in to see each)<br>host lane, "
+                           f"span {_fmt_ns(int(llod.agg_end[j] - llod.agg_start[j]))}" for j in range(k)],
+                customdata=np.column_stack([np.full(k, -1), -(np.arange(k) + 1)]), meta={"role": "launch"},
+            ))
+        # the host's waits: a bar for the time it waited (the marker below names the line)
+        waits = np.flatnonzero(cols.kind_mask("sync") & (cols.end > cols.start) & (cols.end >= t0w)
+                               & (cols.start <= t1w))[:max_boxes]
+        if len(waits):
+            traces.append(_bars(
+                ax.x(cols.start[waits]), ax.x(cols.end[waits]), min_w, y=cols.lane[waits].astype(float),
+                name="host wait", legendgroup="host sync", marker={"color": WAIT_COLOR, "line": {"width": 0}},
+                hovertext=[_hover_html(event_details(evs[i], profile, t0)) for i in waits.tolist()],
+                customdata=np.column_stack([[evs[i].seq for i in waits.tolist()], waits]),
+                meta={"role": "hover", "compiled": False},
+            ))
+        # launch -> kernel links for the kernels drawn one by one
+        linked = [i for i in lod.singles.tolist() if cols.launched[i]][:MAX_FLOWS]
+        if linked:
+            li = np.asarray(linked, dtype=np.int64)
+            x_from, x_to = ax.x(cols.host_end[li]), ax.x(cols.start[li])  # type: ignore[index]
+            y_to = cols.lane[li].astype(float)
+            fx: list[float | None] = []
+            fy: list[float | None] = []
+            for a, b, y in zip(x_from.tolist(), x_to.tolist(), y_to.tolist()):
+                fx += [a, b, None]
+                fy += [host_y, y, None]
+            traces.append(go.Scatter(x=fx, y=fy, mode="lines", name="launch → kernel", hoverinfo="skip",
+                                     line={"color": "rgba(90,90,90,0.45)", "width": 1, "dash": "dot"},
+                                     meta={"role": "flow", "count": len(linked)}))
+            flows_drawn = len(linked)
+        for d, (qt, qdepth) in queue_depth_steps(cols).items():
+            qx, qy = _window_steps(qt, qdepth, t0w, t1w, pixels)
+            if not len(qx):
+                continue
+            queue_devices.append(d)
+            traces.append(go.Scatter(
+                x=ax.x(qx), y=qy, mode="lines", yaxis="y2",
+                line={"shape": "hv", "width": 1.5, "color": QUEUE_COLORS[d % len(QUEUE_COLORS)]},
+                name=f"queue depth {device_name(d)}", hovertemplate="queue depth %{y}<extra>" + device_name(d)
+                + "</extra>", meta={"role": "queue", "device": d},
+            ))
     # instant markers: syncs, OOMs (compiles are bars and also get a star)
     mk_idx = np.nonzero(cols.kind_mask(*_MARKER_KINDS))[0]
     if window is not None and len(mk_idx):
@@ -779,7 +1054,8 @@ def timeline_figure(
         fig.add_annotation(x=(x0 + x1) / 2, y=0.5, xref="x", yref="paper", text=f"idle {_fmt_ns(be - bs)}",
                            textangle=-90, showarrow=False, font={"size": 11, "color": "#555"},
                            bgcolor="rgba(255,255,255,0.7)")
-    height = max(260, 100 + 40 * nlanes + (110 if rangeslider else 0))
+    queue_px = 120 if queue_devices else 0
+    height = max(260, 100 + 40 * nlanes + (110 if rangeslider else 0) + queue_px)
     xaxis: dict[str, Any] = {"title": {"text": "time since first event (µs)"}, "showgrid": True, "zeroline": False,
                              "rangeslider": {"visible": rangeslider}}
     if ax.breaks:
@@ -799,7 +1075,9 @@ def timeline_figure(
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 0, "font": {"size": 11}},
         xaxis=xaxis,
         yaxis={"tickmode": "array", "tickvals": list(range(nlanes)), "ticktext": cols.lanes,
-               "range": [nlanes - 0.5, -0.5], "fixedrange": True, "showgrid": False, "zeroline": False},
+               "range": [nlanes - 0.5, -0.5], "fixedrange": True, "showgrid": False, "zeroline": False,
+               **({"domain": [queue_px / (height - 100 - (110 if rangeslider else 0)) + 0.04, 1.0]}
+                  if queue_devices else {})},
         meta={
             "t0_ns": t0,
             "lanes": cols.lanes,
@@ -811,9 +1089,20 @@ def timeline_figure(
             "kinds": sorted(cols.kinds),
             "breaks": [[bs, be] for bs, be in ax.breaks],
             "x_end": ax.end_x,
+            "async": cols.is_async,
+            "launches": n_launches,
+            "flows": flows_drawn,
+            "queue_devices": queue_devices,
         },
         template="plotly_white",
     )
+    if queue_devices:
+        frac = queue_px / (height - 100 - (110 if rangeslider else 0))
+        fig.update_layout(
+            yaxis2={"domain": [0.0, frac], "title": {"text": "queue", "font": {"size": 11}}, "rangemode": "tozero",
+                    "fixedrange": True, "anchor": "x", "showgrid": True, "zeroline": True},
+            xaxis={"anchor": "y2"},
+        )
     if window is not None:
         fig.update_xaxes(range=[xw0, xw1])
     return fig
@@ -934,17 +1223,43 @@ def memory_figure(
     return fig
 
 
-def _user_frame(frames: Sequence[Mapping[str, Any]]) -> str:
-    """First frame (innermost first) outside torch/our package, as 'file:line in func'."""
+_INTERNAL_FRAMES = ("/torch/", "/torchneuron_lab/", "/IPython/", "/ipykernel/", "<frozen ")
+
+
+def _cell_mapper() -> Any:
+    """What names a notebook location: the recorder's source mapper (installed by ``%load_ext
+    torchneuron_lab``), else -- the widgets used in a notebook without the extension -- a
+    :class:`~torchneuron_lab.extension.cells.CellMapper` of the running IPython shell, so an owner reads
+    'cell [3], line 2' rather than '/tmp/ipykernel_.../....py'. None outside IPython."""
+    import sys
+
+    rec = sys.modules.get("torchneuron_lab.device.recorder")
+    mapper = getattr(rec, "_source_mapper", None) if rec is not None else None
+    if mapper is not None:
+        return mapper
+    ipy = sys.modules.get("IPython")
+    shell = ipy.get_ipython() if ipy is not None and hasattr(ipy, "get_ipython") else None
+    if shell is None:
+        return None
+    from torchneuron_lab.extension.cells import CellMapper
+
+    return CellMapper(shell)
+
+
+def _user_frame(frames: Sequence[Mapping[str, Any]], mapper: Any = None) -> str:
+    """First frame (innermost first) outside torch, our package and IPython, as its notebook cell
+    ('cell [3], line 2', through ``mapper``) or 'file:line in func'."""
     for fr in frames:
         fn = str(fr.get("filename", ""))
-        if "/torch/" in fn or "/torchneuron_lab/" in fn:
+        if any(tag in fn for tag in _INTERNAL_FRAMES):
             continue
-        return f"{fn}:{fr.get('line', 0)} in {fr.get('name', '')}"
+        line = int(fr.get("line", 0) or 0)
+        mapped = mapper(fn, line) if mapper is not None else None
+        return str(mapped) if mapped else f"{fn}:{line} in {fr.get('name', '')}"
     if frames:
         fr = frames[0]
         return f"{fr.get('filename', '')}:{fr.get('line', 0)} in {fr.get('name', '')}"
-    return "unknown (record history with context to see it)"
+    return "unknown (allocated before allocator history was recorded with context)"
 
 
 def _state_at(snapshot: Mapping[str, Any], device: int, index: int | None) -> tuple[dict[int, int], dict[int, dict[str, Any]]]:
@@ -982,7 +1297,8 @@ def top_allocations(
     """The ``k`` largest live blocks (at ``at_index`` of the history, or now): ``address``, ``size``,
     ``source`` (allocating line)."""
     _, blocks = _state_at(snapshot, device, at_index)
-    rows = [{"address": a, "size": b["size"], "source": _user_frame(b["frames"])} for a, b in blocks.items()]
+    mapper = _cell_mapper()
+    rows = [{"address": a, "size": b["size"], "source": _user_frame(b["frames"], mapper)} for a, b in blocks.items()]
     rows.sort(key=lambda r: (-r["size"], r["address"]))
     return rows[:k]
 
@@ -997,6 +1313,7 @@ def segment_map_figure(
     ``layout.meta`` holds ``{"segments", "blocks", "allocated_bytes", "reserved_bytes"}``.
     """
     segs, blocks = _state_at(snapshot, device, at_index)
+    mapper = _cell_mapper()
     seg_list = sorted(segs.items())
     labels = [f"seg {i} ({_fmt_bytes(size)})" for i, (_, size) in enumerate(seg_list)]
     mib = 1 / 2**20
@@ -1012,7 +1329,7 @@ def segment_map_figure(
                 bbase.append((baddr - addr) * mib)
                 by.append(label)
                 btext.append(f"block {hex(baddr)}<br>size: {_fmt_bytes(b['size'])}<br>"
-                             f"allocated at: {html.escape(_user_frame(b['frames']))}")
+                             f"allocated at: {html.escape(_user_frame(b['frames'], mapper))}")
     fig = go.Figure()
     fig.add_trace(go.Bar(x=free_x, base=free_base, y=free_y, orientation="h", name="free (cached)",
                          marker={"color": "#e5e5e5"}, hovertemplate="segment %{y}<extra></extra>"))

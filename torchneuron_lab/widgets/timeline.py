@@ -34,7 +34,7 @@ import plotly.graph_objects as go
 from torchneuron_lab.tracing import KernelEvent, Trace
 from torchneuron_lab.widgets import figures as F
 
-__all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "save_html", "static_fallback"]
+__all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "apply_traces", "save_html", "static_fallback"]
 
 _CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
 
@@ -57,6 +57,57 @@ def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = Non
     p = Path(path)
     p.write_text(text, encoding="utf-8")
     return p
+
+
+_TYPE_RANK = {"bar": 0, "scatter": 1, "scattergl": 2}
+_SKIP = frozenset({"type", "uid"})
+
+
+def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping[str, Any] | None = None) -> None:
+    """Show ``traces`` (and the ``layout`` properties) in ``widget`` without ever leaving it empty.
+
+    Replacing ``widget.data`` deletes every trace and adds the new ones in two front-end messages; a
+    view that renders or redraws between them (a busy notebook, a cold ``torch.compile``) can show
+    empty axes. Here the widget's traces are slots that are REUSED: the k-th new trace of a type is
+    written into the k-th slot of that type, unused slots are emptied and hidden, and all of it --
+    with the layout -- goes to the front end as ONE ``plotly_update``. Only when a type needs more
+    slots than exist are empty, hidden slots added first (the old picture stays up meanwhile). No
+    trace is ever deleted.
+    """
+    new = sorted(traces, key=lambda t: _TYPE_RANK.get(t.type, 3))
+    slots: dict[str, list[Any]] = {}
+    for tr in widget.data:
+        slots.setdefault(tr.type, []).append(tr)
+    grow = []
+    for kind in dict.fromkeys(t.type for t in new):
+        missing = sum(1 for t in new if t.type == kind) - len(slots.get(kind, []))
+        grow += [type(next(t for t in new if t.type == kind))(visible=False) for _ in range(max(missing, 0))]
+    if grow:
+        widget.add_traces(grow)
+        slots = {}
+        for tr in widget.data:
+            slots.setdefault(tr.type, []).append(tr)
+    used: dict[str, int] = {}
+    with widget.batch_update():
+        for tr in new:
+            k = used.get(tr.type, 0)
+            used[tr.type] = k + 1
+            slot = slots[tr.type][k]
+            fresh = tr.to_plotly_json()
+            for key in set(slot.to_plotly_json()) - set(fresh) - _SKIP:
+                slot[key] = None
+            for key, value in fresh.items():
+                if key not in _SKIP:
+                    slot[key] = value
+            if "visible" not in fresh:
+                slot.visible = True
+        for kind, group in slots.items():
+            for slot in group[used.get(kind, 0):]:
+                for key in set(slot.to_plotly_json()) - _SKIP:
+                    slot[key] = None
+                slot.visible = False
+        for key, value in (layout or {}).items():
+            widget.layout[key] = value
 
 
 _WRAP = "white-space:normal;overflow-wrap:anywhere;vertical-align:top"
@@ -170,6 +221,9 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         fig = F.timeline_figure(self.cols, color_by=color_by, profile=profile, max_boxes=max_boxes,
                                 pixels=self.pixels, rangeslider=True, width=width, axis=self.axis)
         self.figure = go.FigureWidget(fig)
+        self._hooked: set[str] = set()
+        self._base_annotations = list(fig.layout.annotations)
+        self.flow: dict[str, Any] | None = None
         self.figure.layout.on_change(self._on_relayout, "xaxis.range")
         self.figure.layout.on_change(self._on_autorange, "xaxis.autorange")
         self._hook_clicks()
@@ -212,32 +266,39 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             brk = (f" · {len(self.axis.breaks)} idle stretch{'es' if len(self.axis.breaks) > 1 else ''} "
                    f"({F._fmt_ns(total)}) compressed on the axis (shaded)")
         drop = f" · <span style='color:#d62728'>{self.dropped} dropped</span>" if self.dropped else ""
+        bound = s.get("bound") or {}
+        verdict = ""
+        if bound.get("launches_known"):  # asynchronous trace: say what bounds the region
+            verdict = f"<br><b class='tnl-bound'>{html.escape(str(bound['headline']))}</b>"
         return (
             f"<div style='font-family:sans-serif;font-size:13px'>{s['num_events']:,} events over "
             f"{F._fmt_ns(span)} · some lane busy {F._fmt_ns(s['busy_ns'])} · every lane idle "
-            f"{F._fmt_ns(s['idle_ns'])}{pct}{brk}{drop}</div>"
+            f"{F._fmt_ns(s['idle_ns'])}{pct}{brk}{drop}{verdict}</div>"
         )
 
     def _hook_clicks(self) -> None:
+        """Every trace slot reports clicks once; :meth:`_on_click` looks at what the slot holds now."""
         for tr in self.figure.data:
-            if (tr.meta or {}).get("role") in ("hover", "marker"):
+            if tr.uid not in self._hooked:
+                self._hooked.add(tr.uid)
                 tr.on_click(self._on_click)
 
-    def redraw(self, window: tuple[int, int] | None = None) -> None:
-        """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode."""
+    def redraw(self, window: tuple[int, int] | None = None, layout: Mapping[str, Any] | None = None) -> None:
+        """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode; ``layout``
+        properties go to the front end in the same single update."""
         self.window = window
         fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
                                 pixels=self.pixels, window=window, rangeslider=True, width=self.width,
                                 axis=self.axis)
-        with self.figure.batch_update():
-            self.figure.data = []
-            self.figure.add_traces(list(fig.data))
-            self.figure.layout.meta = fig.layout.meta
-            self.figure.layout.shapes = fig.layout.shapes
-            self.figure.layout.annotations = fig.layout.annotations
-            if self.axis.breaks:  # tick labels of a compressed axis are computed for the window
-                self.figure.layout.xaxis.tickvals = fig.layout.xaxis.tickvals
-                self.figure.layout.xaxis.ticktext = fig.layout.xaxis.ticktext
+        update: dict[str, Any] = {"meta": fig.layout.meta, "shapes": fig.layout.shapes,
+                                  "annotations": fig.layout.annotations}
+        if self.axis.breaks:  # tick labels of a compressed axis are computed for the window
+            update["xaxis.tickvals"] = fig.layout.xaxis.tickvals
+            update["xaxis.ticktext"] = fig.layout.xaxis.ticktext
+        update.update(layout or {})
+        self._base_annotations = list(fig.layout.annotations)
+        self.flow = None
+        apply_traces(self.figure, list(fig.data), update)
         self._hook_clicks()
 
     def _on_color(self, change: Mapping[str, Any]) -> None:
@@ -267,18 +328,38 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         if self.window is None and not meta.get("merged") and not self.axis.breaks:
             self.window = window  # nothing was merged and the ticks are plotly's: nothing to refine
             return
-        self.redraw(window)
-        with self.figure.batch_update():
-            self.figure.layout.xaxis.autorange = False
-            self.figure.layout.xaxis.range = [x0, x1]
+        self.redraw(window, {"xaxis.autorange": False, "xaxis.range": [x0, x1]})
 
     # -- clicks --------------------------------------------------------------------------------
     def _on_click(self, trace: Any, points: Any, selector: Any = None) -> None:
-        if not points.point_inds:
+        if not points.point_inds or (trace.meta or {}).get("role") not in ("hover", "marker", "launch"):
             return
         i = points.point_inds[0]
+        if trace.customdata is None or i >= len(trace.customdata):
+            return
         _seq, index = (int(v) for v in trace.customdata[i])
         self.select(index, text=trace.hovertext[i] if index < 0 else None)
+
+    def _flow_arrow(self, index: int) -> dict[str, Any] | None:
+        """The arrow from event ``index``'s host launch to its kernel, as a layout annotation (axis units),
+        or None when its launch span is unknown."""
+        e = self.events[index]
+        if e.host_end_ns <= 0 or self.cols.host_lane < 0:
+            return None
+        x_from, x_to = (float(v) for v in self.axis.x(np.asarray([e.host_end_ns, e.start_ns])))
+        return {"x": x_to, "y": float(self.cols.lane[index]), "ax": x_from, "ay": float(self.cols.host_lane),
+                "xref": "x", "yref": "y", "axref": "x", "ayref": "y", "showarrow": True, "arrowhead": 3,
+                "arrowsize": 1.2, "arrowwidth": 2, "arrowcolor": "#d62728", "text": "",
+                "name": "flow", "hovertext": f"launched → {e.name}: queued {F._fmt_ns(max(e.start_ns - e.host_end_ns, 0))}"}
+
+    def show_flow(self, index: int | None) -> dict[str, Any] | None:
+        """Draw (or, with None, remove) the launch → kernel arrow of event ``index``; returns the arrow."""
+        arrow = None if index is None else self._flow_arrow(index)
+        notes = [*self._base_annotations, *([arrow] if arrow else [])]
+        with self.figure.batch_update():
+            self.figure.layout.annotations = notes
+        self.flow = arrow
+        return arrow
 
     def select(self, index: int, *, text: str | None = None) -> dict[str, Any]:
         """Fill the details panel for event ``index`` (a merged box ``-(j+1)`` shows ``text``, its hover
@@ -301,7 +382,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             n = self.events[int(same[j])]
             neigh.append({"": "▶" if j == pos else "", "op": n.name,
                           "start (µs)": f"{(n.start_ns - self.cols.t0) / 1e3:.2f}", "duration": F._fmt_ns(n.dur_ns)})
-        self.selected = {"event": d, "neighbours": neigh}
+        self.selected = {"event": d, "neighbours": neigh, "flow": self.show_flow(index)}
         self.details.value = (
             f"<div style='font-family:sans-serif;font-size:12px;white-space:normal'><b>{html.escape(e.name)}</b>"
             + _table({k: v for k, v in d.items() if k != "op"}, "tnl-detail-fields")
@@ -354,11 +435,7 @@ class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
                                  f"allocated {F._fmt_bytes(tl['allocated'][index])}, "
                                  f"reserved {F._fmt_bytes(tl['reserved'][index])}")
         seg = F.segment_map_figure(self.snapshot, device=self.device, at_index=index)
-        with self.segments.batch_update():
-            self.segments.data = []
-            self.segments.add_traces(list(seg.data))
-            self.segments.layout.height = seg.layout.height
-            self.segments.layout.meta = seg.layout.meta
+        apply_traces(self.segments, list(seg.data), {"height": seg.layout.height, "meta": seg.layout.meta})
         rows = F.top_allocations(self.snapshot, self.top, device=self.device, at_index=index)
         self.top_html.value = "<b>top live allocations</b>" + _table(
             [{"size": F._fmt_bytes(r["size"]), "allocated at": r["source"]} for r in rows])
