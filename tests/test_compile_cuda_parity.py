@@ -73,14 +73,16 @@ def _c32() -> torch.Tensor:
 # (id, function, inputs on CPU) - compiled on neuron == eager on neuron, bit for bit
 EAGER_CASES: list[tuple[str, Callable[..., Any], Callable[[], list[torch.Tensor]]]] = [
     *[(f"histc_{dt}", lambda x: torch.histc(x, bins=4, min=0.5, max=8.7),  # CUDA truncates min/max to ints
-       lambda dt=dt: [torch.tensor(HIST, dtype=getattr(torch, dt))]) for dt in ("uint8", "int8", "int16", "int32", "int64")],
+       lambda dt=dt: [torch.tensor(HIST, dtype=getattr(torch, dt))])
+      for dt in ("uint8", "int8", "int16", "int32", "int64")],
     ("histc_int_moe_routing", lambda e: torch.histc(e.reshape(-1).int(), bins=8, min=0, max=7),
      lambda: [torch.randint(0, 8, (16, 2), generator=torch.Generator().manual_seed(3))]),
     *[(f"{op}_{dt}", fn, lambda dt=dt, mk=mk: mk(getattr(torch, dt)))
       for dt in ("float16", "bfloat16")
       for op, fn, mk in [
           ("avg_pool3d", lambda x: F.avg_pool3d(x, 2), lambda d: [_randn(1, 2, 4, 4, 4, dtype=d)]),
-          ("upsample_bilinear2d_aa", lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", antialias=True),
+          ("upsample_bilinear2d_aa",
+           lambda x: F.interpolate(x, scale_factor=2, mode="bilinear", antialias=True),
            lambda d: [_randn(1, 2, 4, 4, dtype=d)]),
           ("multi_margin_loss", lambda x, t: F.multi_margin_loss(x, t),
            lambda d: [_randn(4, 5, dtype=d), torch.tensor([0, 3, 4, 1])]),
@@ -91,8 +93,8 @@ EAGER_CASES: list[tuple[str, Callable[..., Any], Callable[[], list[torch.Tensor]
     ("nansum_complex64", torch.nansum, lambda: [torch.tensor([1 + 1j, float("nan") + 0j, 2 - 1j])]),
     ("nanmean_complex64", torch.nanmean, lambda: [torch.tensor([1 + 1j, float("nan") + 0j, 2 - 1j])]),
     *[(f"complex32_{op}", getattr(torch, op), lambda: [_c32()])
-      for op in ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh", "tan", "tanh",
-                 "exp", "log", "sqrt", "rsqrt", "sigmoid", "angle")],
+      for op in ("acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh", "tan",
+                 "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "angle")],
     ("complex32_div", lambda a: a / (a + 1), lambda: [_c32()]),
     ("complex32_pow_scalar", lambda a: a**2, lambda: [_c32()]),
     ("complex32_pow_tensor", lambda a: torch.pow(a, a), lambda: [_c32()]),
@@ -135,17 +137,20 @@ _GRU, _GRU_D = _cells(torch.nn.GRUCell)
 INDUCTOR_CASES: list[tuple[str, Callable[..., Any], Callable[..., Any], Callable[[], list[torch.Tensor]]]] = [
     ("lstm_cell", lambda x, h, c: _LSTM_D(x, (h, c)), lambda x, h, c: _LSTM(x, (h, c)),
      lambda: [_randn(3, 6), _randn(3, 5) * 0.5, _randn(3, 5) * 0.25]),
-    ("gru_cell", lambda x, h: _GRU_D(x, h), lambda x, h: _GRU(x, h), lambda: [_randn(3, 6), _randn(3, 5) * 0.5]),
+    ("gru_cell", lambda x, h: _GRU_D(x, h), lambda x, h: _GRU(x, h),
+     lambda: [_randn(3, 6), _randn(3, 5) * 0.5]),
     # decomposed by PyTorch at the Autograd key (a Python kernel) before any device kernel: Inductor's
     # program, in half precision, on both devices (and pytorch/pytorch#141017: that decomposition counts
     # targets after the -1 terminator, so it differs from eager on CPU too)
     *[(f"multilabel_margin_loss_{dt}", lambda x, t: F.multilabel_margin_loss(x, t),
        lambda x, t: F.multilabel_margin_loss(x, t),
-       lambda dt=dt: [_randn(4, 5, dtype=getattr(torch, dt)), torch.tensor(ML_TARGET)]) for dt in ("float16", "bfloat16")],
+       lambda dt=dt: [_randn(4, 5, dtype=getattr(torch, dt)), torch.tensor(ML_TARGET)])
+      for dt in ("float16", "bfloat16")],
 ]
 
 
-@pytest.mark.parametrize("fn,cpu_fn,make", [c[1:] for c in INDUCTOR_CASES], ids=[c[0] for c in INDUCTOR_CASES])
+@pytest.mark.parametrize("fn,cpu_fn,make", [c[1:] for c in INDUCTOR_CASES],
+                         ids=[c[0] for c in INDUCTOR_CASES])
 def test_compiled_equals_inductor_cpu_on_the_cpu_program(fn: Callable[..., Any], cpu_fn: Callable[..., Any],
                                                           make: Callable[[], list[torch.Tensor]]) -> None:
     args = make()

@@ -29,7 +29,7 @@ import torch
 
 aten = torch.ops.aten
 
-__all__ = ["decompositions", "device_parity_ops", "RULES"]
+__all__ = ["RULES", "decompositions", "device_parity_ops"]
 
 _INTS = (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64)
 _HALFS = (torch.float16, torch.bfloat16)
@@ -56,16 +56,16 @@ _RULE_CHALF = _Upcast((torch.complex32,), torch.complex64)
 # graphs are functional: out= and in-place variants arrive as these).
 RULES: dict[str, _Upcast] = {
     "histc": _RULE_INTS,
-    **dict.fromkeys(["avg_pool3d", "avg_pool3d_backward", "_upsample_bilinear2d_aa", "_upsample_bilinear2d_aa_backward",
-                     "multi_margin_loss", "multi_margin_loss_backward", "multilabel_margin_loss_forward",
+    **dict.fromkeys(["avg_pool3d", "avg_pool3d_backward", "_upsample_bilinear2d_aa",
+                     "_upsample_bilinear2d_aa_backward", "multi_margin_loss", "multi_margin_loss_backward", "multilabel_margin_loss_forward",
                      "multilabel_margin_loss_backward"], _RULE_HALFS),
     "rrelu_with_noise": _RULE_HALF_ONLY,
     "rrelu_with_noise_functional": _RULE_HALF_ONLY,
     "abs": _Upcast((torch.bool,), torch.uint8),
     "trace": _Upcast((torch.bool,), torch.uint8, narrow=False),
-    **dict.fromkeys(["acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh", "tan", "tanh",
-                     "exp", "log", "sqrt", "rsqrt", "sigmoid", "angle", "div", "logaddexp", "pow", "lerp", "sum",
-                     "prod"], _RULE_CHALF),
+    **dict.fromkeys(["acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh", "tan",
+                     "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "angle", "div", "logaddexp", "pow", "lerp",
+                     "sum", "prod"], _RULE_CHALF),
 }
 # composed (not upcast) on the device: the fused recurrent cells and complex nansum
 COMPOSED = ("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
@@ -104,8 +104,8 @@ def _upcast(op: Any, rule: _Upcast, prev: Callable[..., Any] | None) -> Callable
 
     def decomp(*args: Any, **kwargs: Any) -> Any:
         flat = [*args, *kwargs.values()]
-        original = next((a.dtype for a in flat if isinstance(a, torch.Tensor) and rule.widen(a.dtype) != a.dtype),
-                        None)
+        original = next((a.dtype for a in flat
+                         if isinstance(a, torch.Tensor) and rule.widen(a.dtype) != a.dtype), None)
         if original is None:  # not a dtype the device upcasts: Inductor's own treatment
             return prev(*args, **kwargs) if prev is not None else NotImplemented
         widened = rule.widen(original)
@@ -132,9 +132,11 @@ def _upcast(op: Any, rule: _Upcast, prev: Callable[..., Any] | None) -> Callable
     return decomp
 
 
-def _histc_int_bounds(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+def _histc_int_bounds(op: Any, args: tuple[Any, ...],
+                      kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
     names = [a.name for a in op._schema.arguments]
-    args = tuple(float(int(a)) if i < len(names) and names[i] in ("min", "max") else a for i, a in enumerate(args))
+    args = tuple(float(int(a)) if i < len(names) and names[i] in ("min", "max") else a
+                 for i, a in enumerate(args))
     kwargs = {k: float(int(v)) if k in ("min", "max") else v for k, v in kwargs.items()}
     return args, kwargs
 
