@@ -57,15 +57,15 @@ _RULE_CHALF = _Upcast((torch.complex32,), torch.complex64)
 RULES: dict[str, _Upcast] = {
     "histc": _RULE_INTS,
     **dict.fromkeys(["avg_pool3d", "avg_pool3d_backward", "_upsample_bilinear2d_aa",
-                     "_upsample_bilinear2d_aa_backward", "multi_margin_loss", "multi_margin_loss_backward", "multilabel_margin_loss_forward",
-                     "multilabel_margin_loss_backward"], _RULE_HALFS),
+                     "_upsample_bilinear2d_aa_backward", "multi_margin_loss", "multi_margin_loss_backward",
+                     "multilabel_margin_loss_forward", "multilabel_margin_loss_backward"], _RULE_HALFS),
     "rrelu_with_noise": _RULE_HALF_ONLY,
     "rrelu_with_noise_functional": _RULE_HALF_ONLY,
     "abs": _Upcast((torch.bool,), torch.uint8),
     "trace": _Upcast((torch.bool,), torch.uint8, narrow=False),
-    **dict.fromkeys(["acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh", "tan",
-                     "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "angle", "div", "logaddexp", "pow", "lerp",
-                     "sum", "prod"], _RULE_CHALF),
+    **dict.fromkeys(["acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh",
+                     "tan", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "angle", "div", "logaddexp", "pow",
+                     "lerp", "sum", "prod"], _RULE_CHALF),
 }
 # composed (not upcast) on the device: the fused recurrent cells and complex nansum
 COMPOSED = ("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
