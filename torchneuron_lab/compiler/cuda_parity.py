@@ -64,8 +64,8 @@ RULES: dict[str, _Upcast] = {
     "abs": _Upcast((torch.bool,), torch.uint8),
     "trace": _Upcast((torch.bool,), torch.uint8, narrow=False),
     **dict.fromkeys(["acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "sin", "sinh",
-                     "tan", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "angle", "div", "logaddexp", "pow",
-                     "lerp", "sum", "prod"], _RULE_CHALF),
+                     "tan", "tanh", "exp", "log", "sqrt", "rsqrt", "sigmoid", "angle", "div", "logaddexp",
+                     "pow", "lerp", "sum", "prod"], _RULE_CHALF),
 }
 # composed (not upcast) on the device: the fused recurrent cells and complex nansum
 COMPOSED = ("_thnn_fused_lstm_cell", "_thnn_fused_lstm_cell_backward_impl", "_thnn_fused_gru_cell",
