@@ -268,7 +268,6 @@ def test_zoo_eager_matches_cpu(name: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.zoo_compiled  # not in the default run yet: see README, Status (issue 11 is open)
 @pytest.mark.parametrize("name", list(ZOO))
 def test_zoo_compiled_matches_inductor_cpu(name: str) -> None:
     model, batch, loss_fn = build(name)
