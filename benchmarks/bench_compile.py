@@ -21,6 +21,7 @@ speedup ratio is the median over rounds of (our speedup in that round / Inductor
 Outputs of the compiled and eager code are compared once (not timed) as a sanity check.
 
     python benchmarks/bench_compile.py [--quick] [--json out.json] [--threads N] [--rounds N] [--strict]
+                                       [--cases gelu_ln_fwd_bwd,elementwise_chain]
 """
 
 from __future__ import annotations
@@ -228,6 +229,8 @@ def warm_imports() -> None:
 def main() -> int:
     ap = base_parser(__doc__.splitlines()[0])
     ap.add_argument("--compile-reps", type=int, default=None, help="compile-time measurements per side")
+    ap.add_argument("--cases", default="", help="comma-separated case keys to run, e.g. gelu_ln_fwd_bwd,"
+                    "elementwise_chain (default: all)")
     args = ap.parse_args()
     setup(args)
     import torchneuron_lab.compiler  # noqa: F401  (registers backend="neuron")
@@ -252,7 +255,10 @@ def main() -> int:
     t_start = time.perf_counter()
     warm_imports()
     results: dict[str, dict[str, Any]] = {}
+    wanted = [c for c in args.cases.split(",") if c]
     for case in CASES:
+        if wanted and not any(case.key.endswith(w) for w in wanted):
+            continue
         torch.manual_seed(0)
         model = case.model()
         with _fastpath(case.fastpath):
