@@ -20,7 +20,8 @@ bounded by Inductor-CPU's own difference from eager CPU.
 (on CPU aliases of device memory) vs the per-call overhead of running a graph on the device (aliasing
 inputs, adopting outputs, the AOTAutograd wrapper), forward and backward separately, per step.
 
-    python benchmarks/bench_zoo.py [--quick] [--models gpt2,cnn_bn_dropout_maxpool] [--breakdown] [--json out.json]
+    python benchmarks/bench_zoo.py [--quick] [--models gpt2,cnn_bn_dropout_maxpool] [--breakdown]
+                                   [--json out.json]
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def env_for(zoo: Any, model: torch.nn.Module, batch: dict, loss_fn: Any, variant
     device, mode = variant.split(".")
     torch.manual_seed(1234)
     m = copy.deepcopy(model).to(device).train()
-    fwd = torch.compile(m, backend=BACKEND[device]) if mode == "compiled" else m
+    fwd = zoo.compiled_forward(m, BACKEND[device]) if mode == "compiled" else m
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
     return {"fwd": fwd, "opt": opt, "b": zoo._to(batch, device), "loss_fn": loss_fn}
 
@@ -84,7 +85,7 @@ class Breakdown:
         self.calls: dict[str, int] = {}
         self._orig = backend._NeuronCode.__call__
 
-    def __enter__(self) -> Breakdown:
+    def __enter__(self) -> Breakdown:  # noqa: PYI034 - py3.10: no typing.Self
         bd, orig = self, self._orig
 
         def call(code: Any, args: list[Any]) -> Any:
@@ -125,8 +126,14 @@ def loss_parity(zoo: Any, name: str) -> dict[str, Any]:
     torch._dynamo.reset()
     worst = max(abs(d - i) for d, i in zip(dev, ind))
     ok = all(abs(d - i) <= abs(i - e) + 1e-5 * abs(e) + 1e-6 for e, i, d in zip(eager, ind, dev))
-    return {"eager_cpu": eager, "inductor_cpu": ind, "neuron": dev, "max_abs_diff": worst, "pass": ok,
-            "inductor_vs_eager": max(abs(i - e) for e, i in zip(eager, ind))}
+    return {
+        "eager_cpu": eager,
+        "inductor_cpu": ind,
+        "neuron": dev,
+        "max_abs_diff": worst,
+        "pass": ok,
+        "inductor_vs_eager": max(abs(i - e) for e, i in zip(eager, ind)),
+    }
 
 
 def main() -> int:
@@ -145,7 +152,9 @@ def main() -> int:
 
     rep = Report("bench_zoo", args)
     rep.header("model zoo training step: backend='neuron' on neuron vs backend='inductor' on CPU (float32)")
-    print("   speedup = eager / compiled; RATIO .speedup = median over rounds of (neuron speedup / inductor-cpu")
+    print(
+        "   speedup = eager / compiled; RATIO .speedup = median over rounds of (neuron speedup / inductor-cpu"
+    )
     print("   speedup); .speedup_min = the same from each variant's fastest block; .abs = compiled neuron /")
     print("   inductor-cpu time (fastest blocks)")
     print()
@@ -169,30 +178,58 @@ def main() -> int:
                 t0 = time.perf_counter_ns()
                 loops["neuron.compiled"](k)
                 step_ns = (time.perf_counter_ns() - t0) / k
-            bd_row = {"step_us": step_ns / 1e3, "n_steps": k,
-                      **{f"{kind}.{what}_us": v / k / 1e3 for kind in bd.total
-                         for what, v in (("call", bd.total[kind]), ("inductor", bd.inner.get(kind, 0)))},
-                      **{f"{kind}.graphs_per_step": bd.calls[kind] / k for kind in bd.calls}}
+            bd_row = {
+                "step_us": step_ns / 1e3,
+                "n_steps": k,
+                **{
+                    f"{kind}.{what}_us": v / k / 1e3
+                    for kind in bd.total
+                    for what, v in (("call", bd.total[kind]), ("inductor", bd.inner.get(kind, 0)))
+                },
+                **{f"{kind}.graphs_per_step": bd.calls[kind] / k for kind in bd.calls},
+            }
         torch._dynamo.reset()
         med = {v: s.median_ns for v, s in sides.items()}
         mins = {v: s.min_ns for v, s in sides.items()}
         per_round = [(ne / nc) / (ce / cc) for ce, ne, cc, nc in zip(*(sides[v].samples for v in VARIANTS))]
         ratio = statistics.median(per_round)
-        ratio_min = (mins["neuron.eager"] / mins["neuron.compiled"]) / (mins["cpu.eager"] / mins["cpu.compiled"])
+        ratio_min = (mins["neuron.eager"] / mins["neuron.compiled"]) / (
+            mins["cpu.eager"] / mins["cpu.compiled"]
+        )
         absolute = mins["neuron.compiled"] / mins["cpu.compiled"]
         for v, s in sides.items():
             rep.single(f"zoo.{name}.{v}", f"{name} [{v}]", s, n)
-        rep.ratios.append({"key": f"zoo.{name}.speedup", "ratio": ratio, "bar": SPEEDUP_BAR,
-                           "pass": ratio >= SPEEDUP_BAR, "direction": ">="})
-        results[name] = {"median_ms": {v: x / 1e6 for v, x in med.items()}, "min_ms": {v: x / 1e6 for v, x in mins.items()},
-                         "speedup_ratio": ratio, "speedup_ratio_min": ratio_min, "abs_ratio": absolute,
-                         "eager_ratio": mins["neuron.eager"] / mins["cpu.eager"],
-                         "steps_per_block": n, "rounds": rounds, "parity": parity, "breakdown": bd_row,
-                         "wall_s": time.perf_counter() - t_model}
+        rep.ratios.append(
+            {
+                "key": f"zoo.{name}.speedup",
+                "ratio": ratio,
+                "bar": SPEEDUP_BAR,
+                "pass": ratio >= SPEEDUP_BAR,
+                "direction": ">=",
+            }
+        )
+        results[name] = {
+            "median_ms": {v: x / 1e6 for v, x in med.items()},
+            "min_ms": {v: x / 1e6 for v, x in mins.items()},
+            "speedup_ratio": ratio,
+            "speedup_ratio_min": ratio_min,
+            "abs_ratio": absolute,
+            "eager_ratio": mins["neuron.eager"] / mins["cpu.eager"],
+            "steps_per_block": n,
+            "rounds": rounds,
+            "parity": parity,
+            "breakdown": bd_row,
+            "wall_s": time.perf_counter() - t_model,
+        }
         r = results[name]
-        print(f"{name:<24} min ms: cpu eager {r['min_ms']['cpu.eager']:8.2f}  neuron eager {r['min_ms']['neuron.eager']:8.2f}"
-              f"  inductor-cpu {r['min_ms']['cpu.compiled']:8.2f}  neuron compiled {r['min_ms']['neuron.compiled']:8.2f}"
-              f"  ({n} steps x {rounds}, {r['wall_s']:.0f} s)", flush=True)
+        print(
+            f"{name:<24} min ms: cpu eager {mins['cpu.eager'] / 1e6:8.2f}"
+            f"  neuron eager {mins['neuron.eager'] / 1e6:8.2f}"
+            f"  inductor-cpu {mins['cpu.compiled'] / 1e6:8.2f}"
+            f"  neuron compiled {mins['neuron.compiled'] / 1e6:8.2f}"
+            f"  ({n} steps x {rounds}, {r['wall_s']:.0f} s)",
+            flush=True,
+        )
     _print(results)
     rep.extra["models"] = results
     rep.extra["wall_s"] = time.perf_counter() - t_start
@@ -202,20 +239,29 @@ def main() -> int:
 
 def _print(results: dict[str, dict[str, Any]]) -> None:
     print()
-    head = (f"{'model':<24} {'spd cpu':>8} {'spd neuron':>10} {'RATIO':>7} {'ratio(min)':>10} {'abs n/i':>8}"
-            f" {'eager n/c':>9}  {'loss parity (|neuron-inductor| vs |inductor-eager|)':<50}")
+    head = (
+        f"{'model':<24} {'spd cpu':>8} {'spd neuron':>10} {'RATIO':>7} {'ratio(min)':>10} {'abs n/i':>8}"
+        f" {'eager n/c':>9}  {'loss parity (|neuron-inductor| vs |inductor-eager|)':<50}"
+    )
     print(head)
     print("-" * len(head))
     for name, r in results.items():
         mn = r["min_ms"]
         p = r["parity"]
-        print(f"{name:<24} {mn['cpu.eager'] / mn['cpu.compiled']:7.2f}x {mn['neuron.eager'] / mn['neuron.compiled']:9.2f}x"
-              f" {r['speedup_ratio']:6.3f}x {r['speedup_ratio_min']:9.3f}x {r['abs_ratio']:7.3f}x {r['eager_ratio']:8.3f}x"
-              f"  {'PASS' if p['pass'] else 'FAIL'} {p['max_abs_diff']:.1e} vs {p['inductor_vs_eager']:.1e}")
+        print(
+            f"{name:<24} {mn['cpu.eager'] / mn['cpu.compiled']:7.2f}x"
+            f" {mn['neuron.eager'] / mn['neuron.compiled']:9.2f}x"
+            f" {r['speedup_ratio']:6.3f}x {r['speedup_ratio_min']:9.3f}x"
+            f" {r['abs_ratio']:7.3f}x {r['eager_ratio']:8.3f}x"
+            f"  {'PASS' if p['pass'] else 'FAIL'} {p['max_abs_diff']:.1e} vs {p['inductor_vs_eager']:.1e}"
+        )
     if any(r["breakdown"] for r in results.values()):
         print()
-        print("compiled neuron step, per step (us): graph calls = whole _NeuronCode calls; inductor = inside the"
-              " compiled CPU code; overhead = the difference")
+        print(
+            "compiled neuron step, per step (us): graph calls = whole _NeuronCode calls;"
+            " inductor = inside the"
+            " compiled CPU code; overhead = the difference"
+        )
         for name, r in results.items():
             b = r["breakdown"]
             if not b:
@@ -224,15 +270,22 @@ def _print(results: dict[str, dict[str, Any]]) -> None:
             for kind in ("forward", "backward", "inference"):
                 if f"{kind}.call_us" in b:
                     call, ind = b[f"{kind}.call_us"], b[f"{kind}.inductor_us"]
-                    parts.append(f"{kind} x{b[f'{kind}.graphs_per_step']:.0f}: call {call:.0f}, inductor {ind:.0f},"
-                                 f" overhead {call - ind:.0f}")
+                    parts.append(
+                        f"{kind} x{b[f'{kind}.graphs_per_step']:.0f}: call {call:.0f}, inductor {ind:.0f},"
+                        f" overhead {call - ind:.0f}"
+                    )
             print(f"  {name:<24} step {b['step_us']:.0f}; " + "; ".join(parts))
     print()
     for name, r in results.items():
-        print(f"SPEEDUP zoo.{name} neuron = {r['min_ms']['neuron.eager'] / r['min_ms']['neuron.compiled']:.3f}x, "
-              f"inductor-cpu = {r['min_ms']['cpu.eager'] / r['min_ms']['cpu.compiled']:.3f}x")
-        print(f"RATIO zoo.{name}.speedup neuron/inductor-cpu = {r['speedup_ratio']:.3f}x  "
-              f"[speedup bar >= {SPEEDUP_BAR:.2f}x: {'PASS' if r['speedup_ratio'] >= SPEEDUP_BAR else 'FAIL'}]")
+        mn = r["min_ms"]
+        print(
+            f"SPEEDUP zoo.{name} neuron = {mn['neuron.eager'] / mn['neuron.compiled']:.3f}x, "
+            f"inductor-cpu = {mn['cpu.eager'] / mn['cpu.compiled']:.3f}x"
+        )
+        print(
+            f"RATIO zoo.{name}.speedup neuron/inductor-cpu = {r['speedup_ratio']:.3f}x  "
+            f"[speedup bar >= {SPEEDUP_BAR:.2f}x: {'PASS' if r['speedup_ratio'] >= SPEEDUP_BAR else 'FAIL'}]"
+        )
         print(f"RATIO zoo.{name}.speedup_min neuron/inductor-cpu = {r['speedup_ratio_min']:.3f}x")
         print(f"RATIO zoo.{name}.abs compiled-neuron/inductor-cpu time = {r['abs_ratio']:.3f}x")
         print(f"PARITY zoo.{name} {'PASS' if r['parity']['pass'] else 'FAIL'}")

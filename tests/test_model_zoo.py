@@ -226,19 +226,24 @@ def _to(obj: Any, device: str) -> Any:
     return obj
 
 
+def compiled_forward(m: nn.Module, backend: str) -> Callable[..., Any]:
+    """``torch.compile(m, backend=backend)``, called with torch.nn's RNNs allowed in graphs (Dynamo
+    graph-breaks on them by default, and nothing of the RNN models would compile)."""
+    compiled = torch.compile(m, backend=backend)
+
+    def fwd(*args: Any, **kwargs: Any) -> Any:
+        with torch._dynamo.config.patch(allow_rnn=True):
+            return compiled(*args, **kwargs)
+
+    return fwd
+
+
 def train(model: nn.Module, batch: dict, loss_fn: Callable, device: str,
           compile_backend: str | None = None) -> tuple[list[float], float]:
     """3 AdamW steps from a fresh copy of ``model``; (losses, seconds per step after the first)."""
     torch.manual_seed(1234)  # seeds the CPU and every neuron generator: same dropout masks
     m = copy.deepcopy(model).to(device).train()
-    fwd: Callable[..., Any] = m
-    if compile_backend:
-        compiled = torch.compile(m, backend=compile_backend)
-
-        def fwd(*args: Any, **kwargs: Any) -> Any:
-            # Dynamo graph-breaks on torch.nn's RNNs unless allowed: nothing of the RNN models would compile
-            with torch._dynamo.config.patch(allow_rnn=True):
-                return compiled(*args, **kwargs)
+    fwd = compiled_forward(m, compile_backend) if compile_backend else m
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
     b = _to(batch, device)
     losses: list[float] = []
