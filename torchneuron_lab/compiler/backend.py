@@ -8,7 +8,8 @@ CPU, and the compiled graph runs on zero-copy CPU aliases of the neuron tensors'
 2. ``compile_fx`` (Inductor's entry point, unchanged) runs on the neuron graph: pre-grad passes,
    AOTAutograd with Inductor's decompositions (plus, for the ops the device upcasts or composes where
    CUDA has a kernel the CPU lacks, what the device computes: ``cuda_parity.py``), the joint-graph
-   passes (``replace_random``, pattern matchers), the min-cut partitioner. Only its ``inner_compile`` is ours (``_inner_compile``).
+   passes (``replace_random``, pattern matchers), the min-cut partitioner. Only its ``inner_compile``
+   is ours (``_inner_compile``).
 3. ``_inner_compile`` retargets each forward/backward/inference ATen graph to the CPU - device
    arguments rewritten, fake tensors moved with their exact sizes, strides, offsets and storage
    sharing (never re-propagated through CPU meta functions, whose layout choices can differ) - and
