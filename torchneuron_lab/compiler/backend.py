@@ -6,8 +6,10 @@ CPU, and the compiled graph runs on zero-copy CPU aliases of the neuron tensors'
 
 1. Dynamo captures the graph; this backend records it in the subgraph registry.
 2. ``compile_fx`` (Inductor's entry point, unchanged) runs on the neuron graph: pre-grad passes,
-   AOTAutograd with Inductor's decompositions, the joint-graph passes (``replace_random``, pattern
-   matchers), the min-cut partitioner. Only its ``inner_compile`` is ours (``_inner_compile``).
+   AOTAutograd with Inductor's decompositions (plus, for the ops the device upcasts or composes where
+   CUDA has a kernel the CPU lacks, what the device computes: ``cuda_parity.py``), the joint-graph
+   passes (``replace_random``, pattern matchers), the min-cut partitioner. Only its ``inner_compile``
+   is ours (``_inner_compile``).
 3. ``_inner_compile`` retargets each forward/backward/inference ATen graph to the CPU - device
    arguments rewritten, fake tensors moved with their exact sizes, strides, offsets and storage
    sharing (never re-propagated through CPU meta functions, whose layout choices can differ) - and
@@ -40,7 +42,7 @@ import torch
 from ..device import DEVICE_TYPE
 from ..device import register as _register_device
 from ..device._backend import lib
-from . import capture, registry
+from . import capture, cuda_parity, registry
 from .registry import SubgraphRecord
 
 __all__ = ["neuron_backend", "register_backend"]
@@ -530,6 +532,12 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     n_dev = int(lib().device_count())
     bad_devices = sorted(d for d in rt.devices if d >= n_dev)
     hits0 = counters["inductor"]["fxgraph_cache_hit"]
+    if "get_decomp_fn" in kwargs:
+        # lowering sees Inductor's own table: ops the parity decompositions call again in a widened dtype
+        # (e.g. _upsample_bilinear2d_aa) stay Inductor's implicit fallbacks
+        from torch._inductor.decomposition import select_decomp_table
+
+        kwargs["get_decomp_fn"] = select_decomp_table
     compiled = compile_fx_inner(gm, cpu_inputs, **kwargs)
     hits = counters["inductor"]["fxgraph_cache_hit"] - hits0
     kernels, fallbacks, timing = _instrument(compiled)
@@ -659,6 +667,7 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     register_backend()
     import torch._functorch.config as functorch_config
     from torch._inductor.compile_fx import compile_fx
+    from torch._inductor.decomposition import select_decomp_table
 
     _register_device()
     capture.install()
@@ -683,7 +692,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     # AOTAutograd's cache would hand back CPU code without the device runtime around it: off for this
     # compile (Inductor's FX graph cache, below the inner compiler, stays on).
     with functorch_config.patch(enable_autograd_cache=False):
-        compiled = compile_fx(gm, example_inputs, inner_compile=functools.partial(_inner_compile, ctx=ctx))
+        compiled = compile_fx(gm, example_inputs, inner_compile=functools.partial(_inner_compile, ctx=ctx),
+                              decompositions=cuda_parity.decompositions(select_decomp_table()))
     total_ms = (time.perf_counter() - t_entry) * 1e3
     for rec in ctx.get("records", []):
         if rec.kind in ("forward", "inference"):
