@@ -488,12 +488,13 @@ def test_index_errors_keep_their_python_type() -> None:
     x = torch.ones(3, device="neuron")
     # found by the host kernel when it runs: raised at the next synchronisation point (asynchronous
     # execution, issue 12), with its own type, the op and the launching line
+    torch.index_select(x, 0, torch.tensor([1], device="neuron"))  # the first launch of a signature: on the host
     out = torch.index_select(x, 0, torch.tensor([5], device="neuron"))
     with pytest.raises(IndexError, match=r"(?s)aten::index_select launched at .*test_device_ops.py:\d+ .*"
                        r"index out of range in self.*aten::index_select on neuron:0"):
         out.cpu()
     with pytest.raises(IndexError, match=r"index 4 is out of bounds for dimension 0 with size 3"):
-        x[torch.tensor([4])]
+        x[torch.tensor([4])].cpu()
     with pytest.raises(RuntimeError, match=r"shape '\[5\]' is invalid for input of size 3"):
         x.view(5)
 

@@ -112,6 +112,7 @@ def test_query_and_synchronize_a_busy_stream() -> None:
 
 def test_launch_returns_before_the_kernel_runs() -> None:
     x = torch.randn(256, 256, device="neuron")
+    x @ x  # the first launch of a signature runs on the host (its Meta plan is checked once)
     torch.neuron.synchronize()
     busy(300)
     t0 = time.perf_counter()
@@ -127,6 +128,7 @@ def test_launch_returns_before_the_kernel_runs() -> None:
 def test_wait_stream_orders_work_across_streams() -> None:
     s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
     x = torch.zeros(1000, device="neuron")
+    x.fill_(1.0), x * 2  # first launches of these signatures (checked on the host)
     with torch.neuron.stream(s1):
         torch.neuron._sleep(200)
         x.fill_(3.0)
@@ -208,6 +210,7 @@ def test_sync_points_record_the_hosts_wait_and_the_launch_span() -> None:
     from torchneuron_lab.device import recorder
 
     x = torch.randn(64, 64, device="neuron")
+    (x + 1).sum()  # first launches of these signatures (checked on the host)
     recorder.start(1000)
     try:
         torch.neuron._sleep(100)
@@ -249,6 +252,7 @@ def test_printing_a_tensor_waits_for_it() -> None:
 def test_a_kernel_error_is_raised_at_the_next_sync_with_its_launch_line() -> None:
     src = torch.randn(3, device="neuron")
     bad = torch.tensor([0, 5], device="neuron")
+    torch.index_select(src, 0, torch.tensor([0, 1], device="neuron"))  # first launch: on the host
     busy(50)
     out = torch.index_select(src, 0, bad)  # launch_line
     launch_line = Path(__file__).read_text().splitlines().index(
@@ -288,6 +292,7 @@ def test_shape_errors_are_raised_at_the_launch() -> None:
 def test_a_block_freed_on_a_stream_is_reused_at_once_by_that_stream() -> None:
     size = 3 * MiB + 7 * 4096  # a size no other test caches
     a = torch.empty(size, dtype=torch.uint8, device="neuron")
+    a + 1  # the first launch of a signature runs on the host
     busy(200)
     z = a + 1  # still queued behind the sleep when `a` is freed
     ptr = a.data_ptr()
@@ -316,6 +321,7 @@ def test_record_stream_defers_reuse_until_the_other_stream_is_done() -> None:
     size = 5 * MiB + 3 * 4096  # a size no other test caches
     a = torch.empty(size, dtype=torch.uint8, device="neuron")
     ptr = a.data_ptr()
+    a.add_(1)  # the first launch of a signature runs on the host
     busy(300, s)
     with torch.neuron.stream(s):
         a.add_(1)  # used on s, behind the sleep
@@ -356,6 +362,7 @@ def test_snapshot_blocks_carry_their_stream() -> None:
 
 def test_empty_cache_waits_for_queued_kernels() -> None:
     x = torch.randn(1 << 18, device="neuron")
+    x * 2  # the first launch of a signature runs on the host
     busy(100)
     y = x * 2
     del x
@@ -375,6 +382,7 @@ def test_ctrl_c_during_a_wait_drains_the_queues(tmp_path: Path) -> None:
         from torchneuron_lab.device import recorder
         C = lib()
         x = torch.ones(1000, device="neuron")
+        x = x + 1  # the first launch of a signature runs on the host
         recorder.start(1000)
         torch.neuron._sleep(5000)
         for _ in range(50):

@@ -81,7 +81,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     if (ev == nullptr) return;
     // Its marker may still be queued (it writes the event's time when it runs): wait for it first.
     try {
-      if (ev->pos != 0 && !in_bad_fork()) wait_position(ev->device, ev->stream, ev->pos, "sync: Event destroyed");
+      if (ev->pos != 0 && !in_bad_fork()) wait_position_quiet(ev->device, ev->stream, ev->pos);
     } catch (...) {
     }
     delete ev;

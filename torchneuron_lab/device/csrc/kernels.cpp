@@ -237,7 +237,12 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
          r.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType);
     if (!tensor_like) m.async_ok = false;
   }
-  if (m.async_ok) m.out_op = find_out_variant(op);
+  // The out= overload only where it is the same code as the functional op (pointwise ops and the
+  // matmul family are structured kernels); other out= kernels may assume more of their output (e.g. a
+  // zeroed buffer) than an uninitialised device block.
+  if (m.async_ok && (op.hasTag(at::Tag::pointwise) || m.flops == Flops::Mm || m.flops == Flops::Addmm ||
+                     m.flops == Flops::Bmm || m.flops == Flops::Baddbmm))
+    m.out_op = find_out_variant(op);
   return m;
 }
 
@@ -763,9 +768,54 @@ std::shared_ptr<const LaunchPlan> make_plan(const c10::OperatorHandle& op, const
   return plan;
 }
 
+// A plan made by the Meta kernel is checked once against the CPU kernel before it is trusted: the first
+// launch of each key runs on the host path and its results' sizes, strides and dtypes (and which are
+// arguments returned) must be the plan's; a Meta kernel that disagrees with the CPU's (native_batch_norm's
+// saved statistics in eval mode, embedding_bag's offsets) keeps its key on the host path for good.
+struct PendingPlan {
+  std::shared_ptr<const LaunchPlan> plan;
+  std::vector<int64_t> key;
+};
+
+bool plan_matches(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t rbase, size_t nret,
+                  const CallState& cs) {
+  if (plan.ret_sizes.size() != nret) return false;
+  size_t next = 0;
+  auto same = [&](const at::Tensor& t) -> bool {
+    if (next >= plan.outs.size()) return false;
+    const LaunchPlan::Out& o = plan.outs[next++];
+    if (o.kind == LaunchPlan::Out::Undefined) return !t.defined();
+    if (!t.defined()) return false;
+    if (o.kind == LaunchPlan::Out::Input)
+      return t.unsafeGetTensorImpl() == cs.ins[o.input].original.unsafeGetTensorImpl();
+    if (t.device().type() != kNeuron || !t.sizes().equals(o.sizes) || t.scalar_type() != o.dtype ||
+        t.storage_offset() != 0)
+      return false;
+    for (int64_t d = 0; d < t.dim(); ++d)  // strides of size-1 dims carry no layout
+      if (t.size(d) > 1 && t.stride(d) != o.strides[d]) return false;
+    return true;
+  };
+  for (size_t r = 0; r < nret; ++r) {
+    const c10::IValue& v = stack[rbase + r];
+    const int n = plan.ret_sizes[r];
+    if (n == LaunchPlan::kNone) {
+      if (!v.isNone()) return false;
+    } else if (n == LaunchPlan::kSingle) {
+      if (!v.isTensor() || !same(v.toTensor())) return false;
+    } else {
+      if (!v.isTensorList()) return false;
+      auto l = v.toTensorList();
+      if (static_cast<int>(l.size()) != n) return false;
+      for (const at::Tensor& t : l)
+        if (!same(t)) return false;
+    }
+  }
+  return next == plan.outs.size();
+}
+
 bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit::Stack* stack, size_t base,
                   size_t nargs, CallState& cs, bool new_sig, bool rec, int64_t bytes_read,
-                  const std::vector<at::Tensor>& in_for_flops) {
+                  const std::vector<at::Tensor>& in_for_flops, PendingPlan* pending) {
   const auto& schema = op.schema();
   // A written argument that shares memory with another argument, or overlaps itself: the CPU kernel's
   // own overlap checks decide, at once, on the host path (Meta kernels do not all make them).
@@ -785,7 +835,14 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
   std::shared_ptr<const LaunchPlan> plan = keyed ? find_plan(key) : nullptr;
   if (!plan) {
     plan = make_plan(op, meta, *stack, base, nargs, cs);
-    if (keyed) store_plan(std::move(key), plan);
+    if (!keyed) return false;  // nothing to remember it by: the host path, always
+    if (plan->host_path) {
+      store_plan(std::move(key), plan);
+    } else {
+      pending->plan = plan;  // checked against the CPU kernel by this (host path) launch
+      pending->key = std::move(key);
+    }
+    return false;
   }
   if (plan->host_path) return false;
 
@@ -1045,14 +1102,19 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     });
   }
 
-  // Asynchronous launch; otherwise (a view, a sync op, results that need the data) the host runs the op
-  // itself, after waiting for its stream unless the op only makes a view.
+  // Asynchronous launch; otherwise (a view, a sync op, results that need the data, the first launch of
+  // a plan) the host runs the op itself, after waiting for its stream unless the op only makes a view.
+  PendingPlan pending;
   if (worker_stream() < 0) {
     // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every kernel runs on the host at its launch (errors raised there)
     if (meta.async_ok && !cs.cpu_outputs && !launch_blocking() &&
-        launch_async(op, meta, stack, base, nargs, cs, new_sig, rec, bytes_read, in_for_flops))
+        launch_async(op, meta, stack, base, nargs, cs, new_sig, rec, bytes_read, in_for_flops, &pending))
       return;
-    if (!meta.view_only) synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str());
+    // A sync op (data-dependent shape, a value) is a synchronisation point: always recorded. Any other
+    // op on the host path (no Meta kernel, the first launch of a plan) is recorded only if it waited.
+    if (!meta.view_only)
+      synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(),
+                         /*record_always=*/meta.sync || !meta.async_ok);
   }
 
   // Random ops without a Generator argument draw from the CPU default generator inside host kernels:
@@ -1153,6 +1215,15 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       out.reserve(list.size());
       for (const at::Tensor& t : list) out.push_back(back(t));
       v = std::move(out);
+    }
+  }
+  if (pending.plan) {
+    if (plan_matches(*pending.plan, *stack, rbase, nret, cs)) {
+      store_plan(std::move(pending.key), pending.plan);
+    } else {
+      auto host = std::make_shared<LaunchPlan>();
+      host->host_path = true;
+      store_plan(std::move(pending.key), host);
     }
   }
 

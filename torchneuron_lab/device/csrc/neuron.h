@@ -207,8 +207,10 @@ bool stream_idle(int device, int stream);
 // completed position `pos`; until the stream is empty; until every stream of the device is empty.
 // A wait that blocked is recorded as a sync event named `what`; a pending asynchronous error of the
 // device is raised afterwards (and cleared: the device stays usable).
-void wait_position(int device, int stream, uint64_t pos, const char* what);
-void synchronize_stream(int device, int stream, const char* what);
+// `record_always` false: recorded only if the host actually blocked (a host-path op, not a sync point).
+void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always = true);
+void synchronize_stream(int device, int stream, const char* what, bool record_always = true);
+void wait_position_quiet(int device, int stream, uint64_t pos);  // no record, no error raised
 void synchronize_device(int device, const char* what);
 void synchronize_all(const char* what);
 // Waits for every queued kernel of every device, recording nothing and raising nothing (reading the

@@ -76,6 +76,7 @@ struct DeviceQueues {
 };
 
 constexpr int kMaxDevices = 64;
+constexpr uint64_t kMaxQueued = 1024;  // launches a stream holds before the host waits
 DeviceQueues* g_queues[kMaxDevices] = {};
 std::mutex g_queues_mu;
 
@@ -322,6 +323,20 @@ Launch begin_launch(int32_t name_id) {
 
 uint64_t enqueue(Work w) {
   StreamQueue& s = stream_of(w.device, w.stream);
+  if (tls_worker_stream < 0) {
+    // A bounded launch queue, as a real device's: a host that runs ahead by kMaxQueued launches waits
+    // (a recorded host stall: the region is device-bound) instead of queueing without limit.
+    uint64_t need = 0;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (s.enqueued >= kMaxQueued && s.completed < s.enqueued - kMaxQueued + 1) need = s.enqueued - kMaxQueued + 1;
+    }
+    if (need > 0) {
+      const int64_t t0 = now_ns();
+      wait_on(s, need, "sync: launch queue full");
+      record_wait(s.device, s.id, "sync: launch queue full", t0, now_ns());
+    }
+  }
   w.launch.host_end_ns = now_ns();
   uint64_t pos;
   {
@@ -384,22 +399,26 @@ void raise_async_error(int device) {
   }
 }
 
-void wait_position(int device, int stream, uint64_t pos, const char* what) {
+void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always) {
   StreamQueue& s = stream_of(device, stream);
   const int64_t t0 = now_ns();
-  wait_on(s, pos, what);
-  record_wait(device, stream, what, t0, now_ns());
+  const bool blocked = wait_on(s, pos, what);
+  if (record_always || blocked) record_wait(device, stream, what, t0, now_ns());
   raise_async_error(device);
 }
 
-void synchronize_stream(int device, int stream, const char* what) {
+void wait_position_quiet(int device, int stream, uint64_t pos) {
+  wait_on(stream_of(device, stream), pos, "event destroyed", /*interruptible=*/false);
+}
+
+void synchronize_stream(int device, int stream, const char* what, bool record_always) {
   StreamQueue& s = stream_of(device, stream);
   uint64_t pos;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     pos = s.enqueued;
   }
-  wait_position(device, stream, pos, what);
+  wait_position(device, stream, pos, what, record_always);
 }
 
 void synchronize_device(int device, const char* what) {
