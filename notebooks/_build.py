@@ -269,6 +269,10 @@ while batch <= 65536:
         batch *= 2
     except torch.OutOfMemoryError as e:
         oom_batch, oom_message = batch, str(e)
+        try:  # the device is asynchronous: kernels queued before the failure report theirs at a sync
+            torch.neuron.synchronize()
+        except torch.OutOfMemoryError:
+            pass
         break
 print(f"OOM at batch {oom_batch}")
 print(oom_message.splitlines()[0])
@@ -297,9 +301,12 @@ print(f"after empty_cache: reserved {torch.neuron.memory_reserved() / 2**20:.1f}
 
 
 def peak_of(batch):
-    torch.neuron.reset_peak_memory_stats()
-    train_step(batch)
-    return torch.neuron.max_memory_allocated()
+    # launch blocking: the peak of the model itself (asynchronously, kernels queued while the host runs
+    # ahead also hold their outputs and workspaces, so the peak is higher)
+    with torchneuron_lab.device.launch_blocking():
+        torch.neuron.reset_peak_memory_stats()
+        train_step(batch)
+        return torch.neuron.max_memory_allocated()
 
 
 small = oom_batch // 2

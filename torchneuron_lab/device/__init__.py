@@ -7,8 +7,10 @@ place behind the same interface.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from .profiles import DeviceProfile, default_profile, get_profile
@@ -18,6 +20,7 @@ __all__ = [
     "configure",
     "current_config",
     "is_registered",
+    "launch_blocking",
     "profile",
     "register",
 ]
@@ -79,6 +82,24 @@ def _resolve(num_devices: int | None, hbm_bytes: int | None, profile_name: str |
     if isinstance(hbm, bool) or not isinstance(hbm, int) or hbm < (1 << 20):
         raise ValueError(f"{hbm_src} must be an int >= 1 MiB (1048576), got {hbm!r}")
     return {"num_devices": n, "hbm_bytes": hbm, "profile": prof.name}
+
+
+@contextlib.contextmanager
+def launch_blocking(enabled: bool = True) -> Iterator[None]:
+    """Inside the block every kernel runs on the host at its launch (``TORCHNEURON_LAB_LAUNCH_BLOCKING=1``
+    for a region, as ``CUDA_LAUNCH_BLOCKING`` for a process): errors are raised by the line that caused
+    them, and memory peaks are the program's own (no kernel is queued while the host allocates ahead).
+    The device's queues are drained first; the previous mode is restored on exit."""
+    from ._backend import lib
+
+    C = lib()
+    previous = bool(C.launch_blocking())
+    C.synchronize(int(C.current_device()))
+    C.set_launch_blocking(bool(enabled))
+    try:
+        yield
+    finally:
+        C.set_launch_blocking(previous)
 
 
 def configure(

@@ -1699,7 +1699,9 @@ struct HostCall::Impl {
 HostCall::HostCall(int device, bool wait) : impl_(new Impl()), device_(device) {
   check_not_in_bad_fork();
   check_device_index(device);
-  if (wait && worker_stream() < 0) synchronize_stream(device, current_stream(device), "sync: host code (compiled graph)");
+  // Host code runs after the kernels launched before it (recorded only if the host had to wait).
+  if (wait && worker_stream() < 0)
+    synchronize_stream(device, current_stream(device), "sync: host code (compiled graph)", /*record_always=*/false);
   impl_->cs.device = device;
 }
 HostCall::~HostCall() { delete impl_; }
