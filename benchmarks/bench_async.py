@@ -193,15 +193,14 @@ def main() -> int:
     print()
     event_case(rep, quick)
     print()
-    rep.print_ratio_lines(rep.ratios)
     launch, event = rep.extra["launch"], rep.extra["event_vs_recorder"]
-    print(f"RATIO launch.matmul1024 host/device = {launch['ratio']:.3f}x  [bar < {LAUNCH_BAR:.2f}x: "
-          f"{'PASS' if launch['pass'] else 'FAIL'}]")
-    print(f"RATIO event.elapsed_vs_recorder |diff| = {event['median_rel_diff']:.3f}x  [bar <= {EVENT_BAR:.2f}x: "
-          f"{'PASS' if event['pass'] else 'FAIL'}]")
-    code = rep.finish()
-    extra_failed = [k for k in ("launch", "event_vs_recorder") if rep.extra[k]["pass"] is False]
-    return 1 if (extra_failed and args.strict) else code
+    rep.limit("launch.matmul1024.host_over_device", "host launch time / device time, 100 matmuls 1024^2",
+              launch["ratio"], "x", LAUNCH_BAR)
+    rep.limit("event.elapsed_vs_recorder", "|event elapsed_time - recorder duration| / duration",
+              event["median_rel_diff"], "x", EVENT_BAR)
+    rep.print_limit_lines(rep.limits)
+    rep.print_ratio_lines(rep.ratios)
+    return rep.finish()
 
 
 if __name__ == "__main__":

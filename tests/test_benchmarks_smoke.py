@@ -80,6 +80,15 @@ EXPECTED: dict[str, list[str]] = {
         r"^COST recorder\.add_64x64\.with_stack = [+-]\d+ ns/op",
         r"^BARS \d/3 pass",
     ],
+    "bench_async.py": [
+        r"^LIMIT launch\.matmul1024\.host_over_device = \d+\.\d{3} x  \[bar <= 0\.10 x: (PASS|FAIL)\]$",
+        r"^LIMIT event\.elapsed_vs_recorder = \d+\.\d{3} x  \[bar <= 0\.05 x: (PASS|FAIL)\]$",
+        *(RATIO.format(key=re.escape(f"train.{k}")) + r"  \[bar <= 1\.00x: (PASS|FAIL)\]$"
+          for k in ("mlp", "encoder", "gpt2")),
+        *(rf"^RATIO train\.{k}\.launch_blocking neuron_blocking/cpu = \d+\.\d{{3}}x$" for k in ("mlp", "encoder", "gpt2")),
+        RATIO.format(key=re.escape("chain.add64")) + r"  \[bar <= 1\.50x: (PASS|FAIL)\]$",
+        r"^BARS \d/6 pass",
+    ],
     "bench_allocator.py": [
         r"^PAIR alloc_free\.empty_1024 neuron = \d+ ns/pair, cpu = \d+ ns/pair$",
         RATIO.format(key=re.escape("alloc_free.empty_1024")) + "$",
