@@ -1112,9 +1112,16 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       return;
     // A sync op (data-dependent shape, a value) is a synchronisation point: always recorded. Any other
     // op on the host path (no Meta kernel, the first launch of a plan) is recorded only if it waited.
-    if (!meta.view_only)
+    // The first launch of a plan waits too, unrecorded: it is the emulator's own check of the plan (like a
+    // signature's compile on the device), not a synchronisation point of the program.
+    if (!meta.view_only && pending.plan) {
+      const int st = current_stream(cs.device);
+      wait_position_quiet(cs.device, st, stream_enqueued(cs.device, st));
+      raise_async_error(cs.device);
+    } else if (!meta.view_only) {
       synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(),
                          /*record_always=*/meta.sync || !meta.async_ok);
+    }
   }
 
   // Random ops without a Generator argument draw from the CPU default generator inside host kernels:
