@@ -516,6 +516,19 @@ bool same_geometry(const at::Tensor& a, const at::Tensor& b) {
          a.storage_offset() == b.storage_offset() && a.storage().nbytes() == b.storage().nbytes();
 }
 
+// The shapes and dtypes of a call's device arguments, interned into the event (record_shapes).
+void record_arg_shapes(const CallState& cs, EventRecord& ev) {
+  std::ostringstream sh, dt;
+  bool first = true;
+  for (const auto& in : cs.ins) {
+    sh << (first ? "" : ", ") << shape_str(in.original.sizes());
+    dt << (first ? "" : ", ") << dtype_name(in.original.scalar_type());
+    first = false;
+  }
+  ev.shapes_id = intern_string(sh.str());
+  ev.dtypes_id = intern_string(dt.str());
+}
+
 // What a launch of an op with given argument metadata produces, found by its Meta kernel once and
 // cached: the Meta kernels of many ops are Python (torch._meta_registrations, ~100 us a call), and
 // output metadata depends only on the arguments' metadata and values of non-tensor arguments, which
@@ -917,15 +930,7 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     if (meta.flops != Flops::None && out0.defined()) ev.flops = compute_flops(meta.flops, in_for_flops, out0);
     if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
     if (record_shapes_enabled() && ev.shapes_id < 0) {
-      std::ostringstream sh, dt;
-      bool first = true;
-      for (const auto& in : cs.ins) {
-        sh << (first ? "" : ", ") << shape_str(in.original.sizes());
-        dt << (first ? "" : ", ") << dtype_name(in.original.scalar_type());
-        first = false;
-      }
-      ev.shapes_id = intern_string(sh.str());
-      ev.dtypes_id = intern_string(dt.str());
+      record_arg_shapes(cs, ev);
     }
   } else if (new_sig) {
     int32_t a, b;
@@ -1247,15 +1252,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     ev.new_signature = new_sig;
     if (meta.flops != Flops::None) ev.flops = compute_flops(meta.flops, in_for_flops, out0);
     if (record_shapes_enabled()) {
-      std::ostringstream sh, dt;
-      bool first = true;
-      for (const auto& in : cs.ins) {
-        sh << (first ? "" : ", ") << shape_str(in.original.sizes());
-        dt << (first ? "" : ", ") << dtype_name(in.original.scalar_type());
-        first = false;
-      }
-      ev.shapes_id = intern_string(sh.str());
-      ev.dtypes_id = intern_string(dt.str());
+      record_arg_shapes(cs, ev);
     }
     ev.stream = current_stream(cs.device);
     push_event(ev);
