@@ -207,7 +207,8 @@ bool stream_idle(int device, int stream);
 // completed position `pos`; until the stream is empty; until every stream of the device is empty.
 // A wait that blocked is recorded as a sync event named `what`; a pending asynchronous error of the
 // device is raised afterwards (and cleared: the device stays usable).
-// `record_always` false: recorded only if the host actually blocked (a host-path op, not a sync point).
+// `record_always` false (a host-path op, not a sync point): recorded only if kernels were launched on the
+// stream since the last recorded wait, whether or not the host actually blocked (deterministic counts).
 void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always = true);
 void synchronize_stream(int device, int stream, const char* what, bool record_always = true);
 void wait_position_quiet(int device, int stream, uint64_t pos);  // no record, no error raised

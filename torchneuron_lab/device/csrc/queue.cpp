@@ -63,6 +63,7 @@ struct StreamQueue {
   std::deque<Work> queue;
   uint64_t enqueued = 0;
   uint64_t completed = 0;
+  uint64_t observed = 0;  // the last position a recorded host wait reached: later launches are unobserved
   bool worker_started = false;
 };
 
@@ -402,8 +403,20 @@ void raise_async_error(int device) {
 void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always) {
   StreamQueue& s = stream_of(device, stream);
   const int64_t t0 = now_ns();
-  const bool blocked = wait_on(s, pos, what);
-  if (record_always || blocked) record_wait(device, stream, what, t0, now_ns());
+  bool unobserved;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    unobserved = s.observed < pos;
+  }
+  wait_on(s, pos, what);  // blocks only if unobserved (observed <= completed)
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    if (s.observed < pos) s.observed = pos;
+  }
+  // A host wait for kernels launched since the last one is a dependency of the program, recorded whether
+  // or not the worker happened to be done (so counts do not depend on timing); one with nothing new to
+  // wait for is recorded only when asked (a sync point: .item() on an idle device is still a sync).
+  if (record_always || unobserved) record_wait(device, stream, what, t0, now_ns());
   raise_async_error(device);
 }
 
