@@ -488,3 +488,44 @@ def test_non_blocking_copies_are_launched_and_staged() -> None:
     pinned.copy_(d, non_blocking=True)  # device->host into pinned memory: launched, not waited for
     torch.neuron.synchronize()
     assert pinned.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_host_code_does_not_take_a_block_another_thread_freed_with_kernels_pending() -> None:
+    # Host code (a host-path op, a compiled graph) writes the memory it allocates at once, not in stream
+    # order. Meanwhile another thread may launch a kernel on a block and free it; the host code must not
+    # be handed that block (before: it was, and the queued kernel then overwrote the host code's result).
+    import threading
+
+    n = (3 * MiB + 4096) // 4  # a size class of its own in this process: the freed block is the best fit
+    go, freed = threading.Event(), threading.Event()
+    seen: dict[str, int] = {}
+
+    def other_thread() -> None:
+        go.wait(10)
+        torch.neuron._sleep(300)  # keeps the stream busy: the fill below is still queued when z is freed
+        z = torch.empty(n, device="neuron")
+        seen["z"] = z.data_ptr()
+        z.fill_(5.0)
+        del z
+        freed.set()
+
+    def host_code(args: list) -> torch.Tensor:
+        go.set()
+        assert freed.wait(10)
+        seen["pending"] = not torch.neuron.default_stream().query()  # the fill into z has not run yet
+        out = torch.empty(n)  # CPU allocation inside host code: device memory of neuron:0
+        out.fill_(1.0)
+        return out
+
+    warm = torch.empty(n, device="neuron")
+    warm.fill_(5.0)  # the first launch of a plan runs on the host: later fills of this shape are queued
+    del warm
+    torch.neuron.synchronize()
+    t = threading.Thread(target=other_thread)
+    t.start()
+    result = C.run_on_host(host_code, [], 0)
+    t.join(10)
+    assert result.device == torch.device("neuron:0")
+    assert seen["pending"] and result.data_ptr() != seen["z"]
+    torch.neuron.synchronize()
+    assert torch.equal(result.cpu(), torch.ones(n))

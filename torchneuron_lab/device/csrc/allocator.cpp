@@ -111,11 +111,15 @@ std::shared_ptr<c10::GatheredContext> (*g_context_fn)() = nullptr;
 
 void neuron_block_free(void* ctx);
 
+thread_local int tls_host_now = 0;  // HostNowGuards alive on this thread
+
 class DeviceAllocator {
  public:
   DeviceAllocator(int device, int64_t capacity) : device_(device), capacity_(capacity) {}
 
-  c10::DataPtr allocate(size_t n) {
+  // `host_now`: memory a kernel running on the host thread allocates (a host-path op, a compiled graph)
+  // is written at once, not in stream order.
+  c10::DataPtr allocate(size_t n, bool host_now = false) {
     if (n == 0) {
       return c10::DataPtr(nullptr, nullptr, nullptr, c10::Device(kNeuron, device_));
     }
@@ -131,6 +135,11 @@ class DeviceAllocator {
       limit = worker_position();
     } else {
       stream = current_stream(device_);
+      // A host allocation is used by kernels launched after it, so any cached block of its stream is safe
+      // (they run after the kernels launched before its free). Memory a host-path kernel writes *now* is
+      // not ordered: while it runs, another thread may have launched kernels that still use blocks it
+      // freed since. It takes only blocks whose last launched use has completed.
+      if (host_now || tls_host_now > 0) limit = stream_completed(device_, stream) + 1;
     }
     std::unique_lock<std::mutex> lock(mu_);
     process_pending();
@@ -596,12 +605,23 @@ class NeuronAllocator final : public c10::Allocator {
 };
 
 thread_local int tls_redirect_device = -1;
+thread_local PlacementGuard* tls_placement = nullptr;
 c10::DeleterFnPtr g_base_raw_deleter = nullptr;
 
+void placed_free(void*) {}  // the memory is an output's device block, owned by its neuron tensor
+
+bool is_placed(void* ptr) {
+  for (PlacementGuard* g = tls_placement; g != nullptr; g = g->prev_)
+    for (size_t i = 0; i < g->n_; ++i)
+      if (g->slots_[i].ptr == ptr) return true;
+  return false;
+}
+
 // raw_deallocate() through the CPU allocator: the pointer may be a neuron block (allocated while a
-// kernel ran) or ordinary host memory.
+// kernel ran), an output's block handed out by a PlacementGuard, or ordinary host memory.
 void redirect_raw_free(void* ptr) {
   if (ptr == nullptr) return;
+  if (is_placed(ptr)) return;
   if (free_neuron_ptr(ptr)) return;
   if (g_base_raw_deleter != nullptr) g_base_raw_deleter(ptr);
   else std::free(ptr);
@@ -612,8 +632,19 @@ class RedirectCpuAllocator final : public c10::Allocator {
   explicit RedirectCpuAllocator(c10::Allocator* base) : base_(base) {}
   c10::DataPtr allocate(size_t n) override {
     const int d = tls_redirect_device;
-    if (d < 0) return base_->allocate(n);
-    c10::DataPtr p = get_device(d)->allocate(n);
+    if (d < 0) {
+      if (PlacementGuard* g = tls_placement; g != nullptr && n > 0) {
+        for (size_t i = 0; i < g->n_; ++i) {
+          PlacementGuard::Slot& s = g->slots_[i];
+          if (!s.used && s.nbytes == n) {
+            s.used = true;
+            return c10::DataPtr(s.ptr, s.ptr, &placed_free, c10::Device(c10::kCPU));
+          }
+        }
+      }
+      return base_->allocate(n);
+    }
+    c10::DataPtr p = get_device(d)->allocate(n, /*host_now=*/worker_stream() < 0);
     p.unsafe_set_device(c10::Device(c10::kCPU));
     return p;
   }
@@ -738,6 +769,14 @@ int device_of_ptr(const void* ptr) {
 
 RedirectGuard::RedirectGuard(int device) : prev_(tls_redirect_device) { tls_redirect_device = device; }
 RedirectGuard::~RedirectGuard() { tls_redirect_device = prev_; }
+
+HostNowGuard::HostNowGuard() { ++tls_host_now; }
+HostNowGuard::~HostNowGuard() { --tls_host_now; }
+
+PlacementGuard::PlacementGuard(Slot* slots, size_t n) : slots_(slots), n_(n), prev_(tls_placement) {
+  tls_placement = this;
+}
+PlacementGuard::~PlacementGuard() { tls_placement = prev_; }
 
 c10::Allocator* redirect_cpu_allocator() { return g_redirect; }
 

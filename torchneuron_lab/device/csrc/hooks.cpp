@@ -40,6 +40,9 @@ struct NeuronHooks final : public at::PrivateUse1HooksInterface {
                 "number of bytes, got ", static_cast<int64_t>(newsize));
     TORCH_CHECK(impl->resizable(), "Trying to resize storage that is not resizable");
     const int d = impl->device().index() < 0 ? current_device() : impl->device().index();
+    if (worker_stream() < 0 && impl->nbytes() > 0 && newsize > 0)
+      synchronize_stream(d, current_stream(d), "sync: storage resize_");  // its bytes are copied on the host
+    HostNowGuard now;
     c10::DataPtr fresh = allocate_on(d, newsize);
     const size_t keep = std::min(newsize, impl->nbytes());
     if (keep > 0 && impl->data() != nullptr) std::memcpy(fresh.get(), impl->data(), keep);

@@ -314,6 +314,7 @@ c10::Storage adopt_storage(c10::StorageImpl* cs, int device) {
     cs->set_allocator(neuron_allocator());
     return c10::Storage(c10::intrusive_ptr<c10::StorageImpl>::reclaim_copy(cs));
   } else {
+    HostNowGuard now;
     dp = allocate_on(device, nbytes);
     if (nbytes > 0) std::memcpy(dp.get(), cs->data_ptr().get(), nbytes);
   }
@@ -826,6 +827,40 @@ bool plan_matches(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t
   return next == plan.outs.size();
 }
 
+// After a functional kernel ran on the worker: its results (the stack, returns flattened in order) land in
+// the outputs the host allocated (`targets`; undefined where an argument is returned in place). A result
+// the kernel allocated in its own output block (PlacementGuard) with the output's geometry is already
+// there; one that sits in another output's block (or a different view of its own) is first copied out,
+// so no copy reads memory an earlier copy wrote.
+void land_results(torch::jit::Stack& st, const std::vector<at::Tensor>& targets,
+                  c10::ArrayRef<PlacementGuard::Slot> slots) {
+  c10::SmallVector<std::pair<const at::Tensor*, at::Tensor>, 4> pairs;
+  size_t k = 0;
+  auto add = [&](const at::Tensor& t) {
+    if (k < targets.size() && targets[k].defined() && t.defined()) pairs.emplace_back(&targets[k], t);
+    ++k;
+  };
+  for (const c10::IValue& v : st) {
+    if (v.isTensor()) add(v.toTensor());
+    else if (v.isTensorList())
+      for (const at::Tensor& t : v.toTensorList()) add(t);
+    else ++k;
+  }
+  auto in_place = [](const at::Tensor& dst, const at::Tensor& t) {
+    return dst.data_ptr() == t.data_ptr() && dst.sizes().equals(t.sizes()) && dst.strides().equals(t.strides());
+  };
+  auto in_slots = [&](const at::Tensor& t) {
+    const char* p = static_cast<const char*>(t.storage().data());
+    for (const auto& sl : slots)
+      if (p >= static_cast<const char*>(sl.ptr) && p < static_cast<const char*>(sl.ptr) + sl.nbytes) return true;
+    return false;
+  };
+  for (auto& [dst, t] : pairs)
+    if (!in_place(*dst, t) && in_slots(t)) t = t.clone();
+  for (auto& [dst, t] : pairs)
+    if (!in_place(*dst, t)) dst->copy_(t);
+}
+
 bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit::Stack* stack, size_t base,
                   size_t nargs, CallState& cs, bool new_sig, bool rec, int64_t bytes_read,
                   const std::vector<at::Tensor>& in_for_flops, PendingPlan* pending) {
@@ -951,28 +986,21 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
       for (const at::Tensor& a : out_aliases) st.emplace_back(a);
     const int64_t t0 = now_ns();
     try {
-      RedirectGuard redirect(device);
-      kernel.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &st);
-      if (!use_out) {
-        // Results the CPU kernel allocated land in the outputs the host allocated (returns flattened in
-        // order; undefined targets are arguments returned in place).
-        size_t k = 0;
-        auto land = [&](const at::Tensor& t) {
-          if (k < copy_targets.size()) {
-            const at::Tensor& dst = copy_targets[k];
-            if (dst.defined() && t.defined() && dst.data_ptr() != t.data_ptr()) {
-              RedirectGuard none(-1);
-              dst.copy_(t);
-            }
-          }
-          ++k;
-        };
-        for (const c10::IValue& v : st) {
-          if (v.isTensor()) land(v.toTensor());
-          else if (v.isTensorList())
-            for (const at::Tensor& t : v.toTensorList()) land(t);
-          else ++k;
+      // The host kernel's scratch memory is the emulator's, not the device's (a device kernel's temporaries
+      // live in its registers/SBUF): only the outputs the host allocated at the launch are device memory.
+      RedirectGuard host(-1);
+      if (use_out) {
+        kernel.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &st);
+      } else {
+        c10::SmallVector<PlacementGuard::Slot, 2> slots;
+        for (const at::Tensor& d : copy_targets)
+          if (d.defined() && d.storage().nbytes() > 0)
+            slots.push_back({d.storage().mutable_data(), d.storage().nbytes(), false});
+        {
+          PlacementGuard place(slots.data(), slots.size());
+          kernel.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &st);
         }
+        land_results(st, copy_targets, slots);
       }
     } catch (c10::Error& e) {
       e.add_context("while running " + name + " on neuron:" + std::to_string(device) + " (stream " +
@@ -1483,6 +1511,7 @@ const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
   if (self.has_storage() && (overflow || need > self.storage().nbytes()) && worker_stream() < 0)
     synchronize_stream(self.device().index(), current_stream(self.device().index()), "sync: resize_");
   GeometryRestore before(self);
+  HostNowGuard now;  // a grown storage is copied on the host now
   try {
     return at::native::resize_(self, size, memory_format);
   } catch (...) {

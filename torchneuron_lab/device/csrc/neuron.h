@@ -59,6 +59,30 @@ struct RedirectGuard {
   ~RedirectGuard();
   int prev_;
 };
+// RAII: device memory allocated on this (host) thread while alive is written by the host at once (a
+// resize's copy), not by kernels in stream order: it takes only blocks whose last use has completed.
+struct HostNowGuard {
+  HostNowGuard();
+  ~HostNowGuard();
+};
+// RAII: while alive on this thread (and no RedirectGuard diverts it), a CPU allocation of exactly a
+// slot's size is placed in that slot's memory, once per slot: a kernel run functionally on the device
+// worker allocates its result directly in the output block the host allocated at the launch, so no copy
+// is needed. The memory stays owned by the output (freeing a placed pointer is a no-op).
+struct PlacementGuard {
+  struct Slot {
+    void* ptr;
+    size_t nbytes;
+    bool used;
+  };
+  PlacementGuard(Slot* slots, size_t n);
+  ~PlacementGuard();
+  PlacementGuard(const PlacementGuard&) = delete;
+  PlacementGuard& operator=(const PlacementGuard&) = delete;
+  Slot* slots_;
+  size_t n_;
+  PlacementGuard* prev_;
+};
 void install_redirect_cpu_allocator();
 c10::Allocator* pinned_host_allocator();  // host memory pinned for neuron (pin_memory("neuron"))
 bool is_pinned_host_ptr(const void* ptr);

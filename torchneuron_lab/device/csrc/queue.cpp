@@ -63,8 +63,13 @@ struct StreamQueue {
   std::deque<Work> queue;
   uint64_t enqueued = 0;
   uint64_t completed = 0;
+  std::atomic<uint64_t> launched{0};  // = enqueued, readable without the lock (the worker's spin)
   uint64_t observed = 0;  // the last position a recorded host wait reached: later launches are unobserved
   bool worker_started = false;
+  uint64_t completed_relaxed() {
+    std::lock_guard<std::mutex> lock(mu);
+    return completed;
+  }
 };
 
 struct DeviceQueues {
@@ -77,7 +82,8 @@ struct DeviceQueues {
 };
 
 constexpr int kMaxDevices = 64;
-constexpr uint64_t kMaxQueued = 1024;  // launches a stream holds before the host waits
+constexpr uint64_t kMaxQueued = 1024;
+constexpr int kSpinRounds = 200;  // sched_yield()s (~0.3-1 us each) a worker spins before it sleeps  // launches a stream holds before the host waits
 DeviceQueues* g_queues[kMaxDevices] = {};
 std::mutex g_queues_mu;
 
@@ -140,6 +146,14 @@ void worker_main(StreamQueue* s) {
   tls_stream[s->device] = s->id;
   for (;;) {
     Work w;
+    // A host launching a burst of small kernels enqueues one every few microseconds: spin briefly before
+    // sleeping, so each launch does not pay a futex sleep and wake-up of the worker (a device's queue is
+    // polled by its own engine; the spin is bounded so an idle worker costs no CPU).
+    {
+      const uint64_t done = s->completed_relaxed();
+      for (int i = 0; i < kSpinRounds && s->launched.load(std::memory_order_acquire) == done; ++i)
+        std::this_thread::yield();
+    }
     {
       std::unique_lock<std::mutex> lock(s->mu);
       s->cv_work.wait(lock, [&] { return !s->queue.empty(); });
@@ -343,6 +357,7 @@ uint64_t enqueue(Work w) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     pos = ++s.enqueued;
+    s.launched.store(pos, std::memory_order_release);
     s.queue.push_back(std::move(w));
     start_worker_locked(s);
   }
@@ -523,6 +538,7 @@ void record_event(NeuronEvent* ev, int device, int stream) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     ev->pos = ++s.enqueued;
+    s.launched.store(ev->pos, std::memory_order_release);
     s.queue.push_back(std::move(w));
     start_worker_locked(s);
   }
