@@ -878,17 +878,18 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
       if (cs.ins[k].alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return static_cast<int>(k);
     return -1;
   };
-  std::vector<int64_t> key;
+  static thread_local std::vector<int64_t> key;  // reused: no allocation per launch
+  key.clear();
   const bool keyed = plan_key(schema, *stack, base, nargs, cs, key);
   std::shared_ptr<const LaunchPlan> plan = keyed ? find_plan(key) : nullptr;
   if (!plan) {
     plan = make_plan(op, meta, *stack, base, nargs, cs);
     if (!keyed) return false;  // nothing to remember it by: the host path, always
     if (plan->host_path) {
-      store_plan(std::move(key), plan);
+      store_plan(key, plan);
     } else {
       pending->plan = plan;  // checked against the CPU kernel by this (host path) launch
-      pending->key = std::move(key);
+      pending->key = key;
     }
     return false;
   }
@@ -940,7 +941,10 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
   for (c10::IValue& v : args) {
     if (v.isTensor()) {
       const at::Tensor& t = v.toTensor();
-      if (t.defined() && t.is_cpu() && alias_index(t) < 0 && !t._is_zerotensor()) v = t.clone();
+      // (a wrapped Python number is the binding's own temporary: nobody else can change it)
+      if (t.defined() && t.is_cpu() && alias_index(t) < 0 && !t._is_zerotensor() &&
+          !t.unsafeGetTensorImpl()->is_wrapped_number())
+        v = t.clone();
     }
   }
   const bool use_out = meta.out_op.has_value() && outs.size() == nret;
@@ -977,10 +981,10 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
   w.stream = current_stream(cs.device);
   w.launch = begin_launch(meta.name_id);
   const int device = cs.device;
-  const std::string name = meta.name;
+  const OpMeta* m = &meta;  // OpMeta entries live as long as the process
   c10::OperatorHandle kernel = use_out ? *meta.out_op : op;
   w.run = [kernel, args = std::move(args), out_aliases = std::move(out_aliases), use_out, rec, ev, device,
-           name, stream = w.stream, copy_targets = std::move(copy_targets)](const Launch& l) mutable {
+           m, stream = w.stream, copy_targets = std::move(copy_targets)](const Launch& l) mutable {
     torch::jit::Stack st(args.begin(), args.end());
     if (use_out)
       for (const at::Tensor& a : out_aliases) st.emplace_back(a);
@@ -1003,7 +1007,7 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
         land_results(st, copy_targets, slots);
       }
     } catch (c10::Error& e) {
-      e.add_context("while running " + name + " on neuron:" + std::to_string(device) + " (stream " +
+      e.add_context("while running " + m->name + " on neuron:" + std::to_string(device) + " (stream " +
                     std::to_string(stream) + ", emulated NeuronCore, host kernels)");
       throw;
     }

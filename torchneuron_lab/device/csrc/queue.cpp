@@ -15,6 +15,8 @@
 #include <torch/csrc/Exceptions.h>
 #include <c10/util/Exception.h>
 
+#include <pthread.h>
+
 #include <array>
 #include <condition_variable>
 #include <cstdlib>
@@ -64,6 +66,9 @@ struct StreamQueue {
   uint64_t enqueued = 0;
   uint64_t completed = 0;
   std::atomic<uint64_t> launched{0};  // = enqueued, readable without the lock (the worker's spin)
+  // Finished kernels' closures, destroyed by a host thread (reap): the host allocated their captures, so
+  // freeing them there keeps malloc's arena lock off the launch path (cross-thread frees contend).
+  std::vector<std::function<void(const Launch&)>> spent;
   uint64_t observed = 0;  // the last position a recorded host wait reached: later launches are unobserved
   bool worker_started = false;
   uint64_t completed_relaxed() {
@@ -75,6 +80,7 @@ struct StreamQueue {
 struct DeviceQueues {
   std::mutex mu;  // guards `streams` growth and `error`
   std::vector<StreamQueue*> streams;  // index = stream id; never shrinks, StreamQueue objects are never freed
+  std::array<std::atomic<StreamQueue*>, kMaxStreamsPerDevice> by_id{};  // the same, read without the lock
   std::array<int, 2> pool_next{0, 0};
   std::vector<int> pool[2];
   std::optional<AsyncError> error;
@@ -98,6 +104,7 @@ DeviceQueues& queues_of(int device) {
     auto* s0 = new StreamQueue();
     s0->device = device;
     nd->streams.push_back(s0);
+    nd->by_id[0].store(s0, std::memory_order_release);
     g_queues[device] = nd;
   }
   return *g_queues[device];
@@ -105,6 +112,8 @@ DeviceQueues& queues_of(int device) {
 
 StreamQueue& stream_of(int device, int stream) {
   DeviceQueues& d = queues_of(device);
+  if (stream >= 0 && stream < kMaxStreamsPerDevice)
+    if (StreamQueue* q = d.by_id[stream].load(std::memory_order_acquire)) return *q;
   std::lock_guard<std::mutex> lock(d.mu);
   TORCH_CHECK(stream >= 0 && stream < static_cast<int>(d.streams.size()), "invalid neuron stream ", stream,
               " on neuron:", device, " (", d.streams.size(), " streams exist)");
@@ -141,6 +150,9 @@ void note_error(StreamQueue& s, const Work& w, const std::string& what, ErrorCla
 }
 
 void worker_main(StreamQueue* s) {
+  // Named as a device engine, so top/perf/py-spy tell the emulated device's work from the host's.
+  const std::string tname = "neuron" + std::to_string(s->device) + ":s" + std::to_string(s->id);
+  pthread_setname_np(pthread_self(), tname.substr(0, 15).c_str());
   tls_worker_stream = s->id;
   set_current_device(s->device);
   tls_stream[s->device] = s->id;
@@ -180,9 +192,9 @@ void worker_main(StreamQueue* s) {
     } catch (...) {
       note_error(*s, w, "unknown C++ exception");
     }
-    w.run = nullptr;  // drop captured tensors before the position counts as completed
     {
       std::lock_guard<std::mutex> lock(s->mu);
+      if (w.run) s->spent.push_back(std::move(w.run));
       s->completed++;
     }
     s->cv_done.notify_all();
@@ -204,14 +216,35 @@ void record_wait(int device, int stream, const char* what, int64_t t0, int64_t t
   push_event(ev);
 }
 
+// Destroys the closures of finished kernels on this (host) thread. The vectors swap, so neither side's
+// buffer is ever freed by the other thread.
+void reap_locked(StreamQueue& s, std::vector<std::function<void(const Launch&)>>& out) {
+  if (!s.spent.empty()) s.spent.swap(out);
+}
+thread_local std::vector<std::function<void(const Launch&)>> tls_reaped;
+void reap(StreamQueue& s) {
+  if (tls_worker_stream >= 0) return;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    reap_locked(s, tls_reaped);
+  }
+  tls_reaped.clear();
+}
+
 // Waits for `s` to reach `pos`; true if the host actually blocked. The GIL is released while waiting
 // (a kernel may need it) and never re-taken while a queue lock is held. Bounded by
 // TORCHNEURON_LAB_SYNC_TIMEOUT; on the main thread Ctrl-C is honoured: the device's queued kernels are
 // dropped (the running ones finish), so the queues are drained, and KeyboardInterrupt is raised.
 bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible = true) {
+  bool reached;
   {
     std::lock_guard<std::mutex> lock(s.mu);
-    if (s.completed >= pos) return false;
+    reached = s.completed >= pos;
+    if (reached && tls_worker_stream < 0) reap_locked(s, tls_reaped);
+  }
+  if (reached) {
+    tls_reaped.clear();
+    return false;
   }
   TORCH_CHECK(!(tls_worker_stream == s.id && current_device() == s.device), "neuron stream ", s.id,
               " cannot wait for itself");
@@ -242,6 +275,7 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
     wait_on(s, last, what, /*interruptible=*/false);
   }
   if (saved != nullptr) PyEval_RestoreThread(saved);
+  if (!interrupted) reap(s);
   if (interrupted) {
     python_error err;  // the KeyboardInterrupt PyErr_CheckSignals set on this thread
     err.persist();
@@ -302,6 +336,7 @@ int new_stream(int device, int priority) {
   s->device = device;
   s->id = static_cast<int>(d.streams.size());
   s->priority = priority < -1 ? -1 : (priority > 0 ? 0 : priority);
+  d.by_id[d.streams.size()].store(s, std::memory_order_release);
   d.streams.push_back(s);
   return s->id;
 }
@@ -338,29 +373,30 @@ Launch begin_launch(int32_t name_id) {
 
 uint64_t enqueue(Work w) {
   StreamQueue& s = stream_of(w.device, w.stream);
-  if (tls_worker_stream < 0) {
-    // A bounded launch queue, as a real device's: a host that runs ahead by kMaxQueued launches waits
-    // (a recorded host stall: the region is device-bound) instead of queueing without limit.
+  uint64_t pos;
+  for (;;) {
     uint64_t need = 0;
     {
       std::lock_guard<std::mutex> lock(s.mu);
-      if (s.enqueued >= kMaxQueued && s.completed < s.enqueued - kMaxQueued + 1) need = s.enqueued - kMaxQueued + 1;
+      // A bounded launch queue, as a real device's: a host that runs ahead by kMaxQueued launches waits
+      // (a recorded host stall: the region is device-bound) instead of queueing without limit.
+      if (tls_worker_stream < 0 && s.enqueued >= kMaxQueued && s.completed < s.enqueued - kMaxQueued + 1) {
+        need = s.enqueued - kMaxQueued + 1;
+      } else {
+        w.launch.host_end_ns = now_ns();
+        pos = ++s.enqueued;
+        s.launched.store(pos, std::memory_order_release);
+        s.queue.push_back(std::move(w));
+        start_worker_locked(s);
+        if (tls_worker_stream < 0) reap_locked(s, tls_reaped);
+      }
     }
-    if (need > 0) {
-      const int64_t t0 = now_ns();
-      wait_on(s, need, "sync: launch queue full");
-      record_wait(s.device, s.id, "sync: launch queue full", t0, now_ns());
-    }
+    if (need == 0) break;
+    const int64_t t0 = now_ns();
+    wait_on(s, need, "sync: launch queue full");
+    record_wait(s.device, s.id, "sync: launch queue full", t0, now_ns());
   }
-  w.launch.host_end_ns = now_ns();
-  uint64_t pos;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    pos = ++s.enqueued;
-    s.launched.store(pos, std::memory_order_release);
-    s.queue.push_back(std::move(w));
-    start_worker_locked(s);
-  }
+  tls_reaped.clear();
   s.cv_work.notify_one();
   if (launch_blocking() && tls_worker_stream < 0) {
     wait_on(s, pos, "launch blocking");
@@ -370,9 +406,8 @@ uint64_t enqueue(Work w) {
 }
 
 uint64_t stream_enqueued(int device, int stream) {
-  StreamQueue& s = stream_of(device, stream);
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.enqueued;
+  // `launched` is stored with `enqueued`, under the lock: a thread sees at least its own launches.
+  return stream_of(device, stream).launched.load(std::memory_order_acquire);
 }
 uint64_t stream_completed(int device, int stream) {
   StreamQueue& s = stream_of(device, stream);
