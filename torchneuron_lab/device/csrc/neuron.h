@@ -143,7 +143,9 @@ void push_event(EventRecord ev);  // stamps seq/thread, captures a stack when wi
 // thread's hash and the stack captured at launch are stored instead of the caller's.
 void push_event_from(EventRecord ev, uint32_t thread, int32_t stack);
 uint32_t thread_hash();
-int32_t capture_stack();  // the calling thread's Python stack as a stack-table id (kNoStack if none)
+// The calling thread's Python stack (innermost `max_depth` frames) as a stack-table id (kNoStack if none).
+int32_t capture_stack(size_t max_depth = SIZE_MAX);
+constexpr size_t kLaunchSiteDepth = 32;  // frames kept for a launch site when stacks are not recorded
 // Launch-site frames of a stack id, innermost first: (filename, line, function). Takes the GIL.
 std::vector<std::tuple<std::string, int, std::string>> stack_frames(int32_t id);
 // A new signature noted on this thread: its shapes/dtypes string ids, consumed (false if none pending).

@@ -367,7 +367,7 @@ Launch begin_launch(int32_t name_id) {
   l.host_start_ns = now_ns();
   l.thread = thread_hash();
   l.name_id = name_id;
-  l.stack = capture_stack();
+  l.stack = capture_stack(with_stack_enabled() ? SIZE_MAX : kLaunchSiteDepth);
   return l;
 }
 

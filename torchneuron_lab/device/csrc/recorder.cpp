@@ -131,6 +131,7 @@ struct Stacks {
   std::mutex mu;
   std::unordered_map<std::vector<StackFrameRef>, int32_t, StackHash, StackEq> ids;
   std::vector<const std::vector<StackFrameRef>*> by_id;  // points at the keys of `ids`
+  std::atomic<uint64_t> generation{0};  // bumped by clear_stacks (ids are reused after a clear)
 };
 Stacks& stacks() {
   static Stacks s;
@@ -235,22 +236,27 @@ bool python_finalizing() {
 // (torch drops it before dispatch), so it is taken here, as torch's own CapturedTraceback does; a thread
 // without a Python thread state (a pure C++ thread) or without Python frames (the autograd engine's
 // device threads) gets kNoStack.
-int32_t capture_stack_locked(PyThreadState* ts);
-int32_t capture_stack() {
+int32_t capture_stack_locked(PyThreadState* ts, size_t max_depth);
+int32_t capture_stack(size_t max_depth) {
   if (!Py_IsInitialized() || python_finalizing()) return kNoStack;
   PyThreadState* ts = PyGILState_GetThisThreadState();
   if (ts == nullptr) return kNoStack;
   PyGILState_STATE g = PyGILState_Ensure();
-  const int32_t id = capture_stack_locked(PyThreadState_Get());
+  const int32_t id = capture_stack_locked(PyThreadState_Get(), std::min(max_depth, kMaxStackDepth));
   PyGILState_Release(g);
   return id;
 }
-int32_t capture_stack_locked(PyThreadState* ts) {
+int32_t capture_stack_locked(PyThreadState* ts, size_t max_depth) {
   static thread_local std::vector<StackFrameRef> key;
+  // A loop launches from the same line again and again: the previous capture's id, without the table's
+  // lock and hash (valid while the table has not been cleared since).
+  static thread_local std::vector<StackFrameRef> last_key;
+  static thread_local int32_t last_id = kNoStack;
+  static thread_local uint64_t last_gen = ~uint64_t{0};
   key.clear();
   PyFrameObject* f = PyThreadState_GetFrame(ts);  // new reference or NULL
-  while (f != nullptr) {
-    if (key.size() < kMaxStackDepth) {
+  while (f != nullptr && key.size() < max_depth) {
+    {
       PyCodeObject* code = PyFrame_GetCode(f);  // new reference; the live frame keeps the code alive
 #if PY_VERSION_HEX >= 0x030B0000
       const int lasti = PyFrame_GetLasti(f);
@@ -264,16 +270,26 @@ int32_t capture_stack_locked(PyThreadState* ts) {
     Py_DECREF(f);
     f = back;
   }
+  if (f != nullptr) Py_DECREF(f);
   if (key.empty()) return kNoStack;
   Stacks& st = stacks();
+  const uint64_t gen = st.generation.load(std::memory_order_acquire);
+  if (gen == last_gen && last_id >= 0 && StackEq{}(key, last_key)) return last_id;
   std::lock_guard<std::mutex> lock(st.mu);
   auto it = st.ids.find(key);
-  if (it != st.ids.end()) return it->second;
-  if (st.by_id.size() >= kMaxStacks) return kStackTableFull;
-  for (const auto& fr : key) Py_INCREF(reinterpret_cast<PyObject*>(fr.code));
-  const auto id = static_cast<int32_t>(st.by_id.size());
-  auto ins = st.ids.emplace(key, id);
-  st.by_id.push_back(&ins.first->first);
+  int32_t id;
+  if (it != st.ids.end()) {
+    id = it->second;
+  } else {
+    if (st.by_id.size() >= kMaxStacks) return kStackTableFull;
+    for (const auto& fr : key) Py_INCREF(reinterpret_cast<PyObject*>(fr.code));
+    id = static_cast<int32_t>(st.by_id.size());
+    auto ins = st.ids.emplace(key, id);
+    st.by_id.push_back(&ins.first->first);
+  }
+  last_key = key;
+  last_id = id;
+  last_gen = st.generation.load(std::memory_order_relaxed);
   return id;
 }
 
@@ -306,6 +322,7 @@ void clear_stacks() {
     for (const auto* k : st.by_id) old.push_back(*k);
     st.by_id.clear();
     st.ids.clear();
+    st.generation.fetch_add(1, std::memory_order_acq_rel);
   }
   if (old.empty() || !Py_IsInitialized() || python_finalizing()) return;
   PyGILState_STATE g = PyGILState_Ensure();
