@@ -646,8 +646,8 @@ def test_classify_host_bound() -> None:
     assert (got["span_ns"], got["device_busy_ns"], got["device_idle_ns"], got["launch_ns"],
             got["idle_while_launching_ns"], got["queue_busy_ns"], got["sync_count"]) == (400, 40, 360, 360, 360, 40, 0)
     assert got["idle_while_launching_fraction"] == 0.9 and got["device_idle_fraction"] == 0.9
-    assert got["headline"] == ("host-bound: the device was idle 90% of the 400 ns span while the host was "
-                               "launching kernels (idle 90% in all)")
+    assert got["headline"] == ("host-bound: the device was idle 90% of the 400 ns span (90% of the span while "
+                               "the host was launching kernels, the rest while it ran other code)")
 
 
 def test_classify_device_bound() -> None:

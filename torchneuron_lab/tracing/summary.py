@@ -542,9 +542,10 @@ def _classification(*, span: int, has_work: bool, busy_ns: int, queue_ns: int, l
     else:
         cls = "host-bound"
         if launches_known:
-            head = (f"host-bound: the device was idle {out['idle_while_launching_fraction']:.0%} of the "
-                    f"{_fmt_ns(span)} span while the host was launching kernels (idle "
-                    f"{out['device_idle_fraction']:.0%} in all)")
+            # overall idle first; then how much of the span was launch overhead vs the host's other code
+            head = (f"host-bound: the device was idle {out['device_idle_fraction']:.0%} of the "
+                    f"{_fmt_ns(span)} span ({out['idle_while_launching_fraction']:.0%} of the span while the "
+                    f"host was launching kernels, the rest while it ran other code)")
         else:
             head = (f"host-bound: the device was idle {out['device_idle_fraction']:.0%} of the "
                     f"{_fmt_ns(span)} span (launch times not recorded: synchronous trace)")
