@@ -117,9 +117,7 @@ class DeviceAllocator {
  public:
   DeviceAllocator(int device, int64_t capacity) : device_(device), capacity_(capacity) {}
 
-  // `host_now`: memory a kernel running on the host thread allocates (a host-path op, a compiled graph)
-  // is written at once, not in stream order.
-  c10::DataPtr allocate(size_t n, bool host_now = false) {
+  c10::DataPtr allocate(size_t n) {
     if (n == 0) {
       return c10::DataPtr(nullptr, nullptr, nullptr, c10::Device(kNeuron, device_));
     }
@@ -138,8 +136,8 @@ class DeviceAllocator {
       // A host allocation is used by kernels launched after it, so any cached block of its stream is safe
       // (they run after the kernels launched before its free). Memory a host-path kernel writes *now* is
       // not ordered: while it runs, another thread may have launched kernels that still use blocks it
-      // freed since. It takes only blocks whose last launched use has completed.
-      if (host_now || tls_host_now > 0) limit = stream_completed(device_, stream) + 1;
+      // freed since. It takes only blocks whose last launched use has completed (HostNowGuard).
+      if (tls_host_now > 0) limit = stream_completed(device_, stream) + 1;
     }
     std::unique_lock<std::mutex> lock(mu_);
     process_pending();
@@ -644,7 +642,8 @@ class RedirectCpuAllocator final : public c10::Allocator {
       }
       return base_->allocate(n);
     }
-    c10::DataPtr p = get_device(d)->allocate(n, /*host_now=*/worker_stream() < 0);
+    HostNowGuard now;  // host code (a host-path op, a compiled graph) writes what it allocates at once
+    c10::DataPtr p = get_device(d)->allocate(n);
     p.unsafe_set_device(c10::Device(c10::kCPU));
     return p;
   }

@@ -71,10 +71,6 @@ struct StreamQueue {
   std::vector<std::function<void(const Launch&)>> spent;
   uint64_t observed = 0;  // the last position a recorded host wait reached: later launches are unobserved
   bool worker_started = false;
-  uint64_t completed_relaxed() {
-    std::lock_guard<std::mutex> lock(mu);
-    return completed;
-  }
 };
 
 struct DeviceQueues {
@@ -88,8 +84,8 @@ struct DeviceQueues {
 };
 
 constexpr int kMaxDevices = 64;
-constexpr uint64_t kMaxQueued = 1024;
-constexpr int kSpinRounds = 200;  // sched_yield()s (~0.3-1 us each) a worker spins before it sleeps  // launches a stream holds before the host waits
+constexpr uint64_t kMaxQueued = 1024;  // launches a stream holds before the host waits
+constexpr int kSpinRounds = 200;       // sched_yield()s (~0.3-1 us each) a worker spins before it sleeps
 DeviceQueues* g_queues[kMaxDevices] = {};
 std::mutex g_queues_mu;
 
@@ -162,7 +158,7 @@ void worker_main(StreamQueue* s) {
     // sleeping, so each launch does not pay a futex sleep and wake-up of the worker (a device's queue is
     // polled by its own engine; the spin is bounded so an idle worker costs no CPU).
     {
-      const uint64_t done = s->completed_relaxed();
+      const uint64_t done = s->completed;  // written only by this worker: its own read needs no lock
       for (int i = 0; i < kSpinRounds && s->launched.load(std::memory_order_acquire) == done; ++i)
         std::this_thread::yield();
     }
