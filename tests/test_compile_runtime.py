@@ -107,7 +107,9 @@ def _step(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return (torch.nn.functional.gelu(x @ w) * 2).sum()
 
 
-def test_compiled_graphs_reuse_input_aliases_from_the_second_call() -> None:
+def test_compiled_graphs_reuse_input_aliases_from_the_second_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the host path (graphs that cannot be queued: inputs or outputs off the device)
+    monkeypatch.setenv("TORCHNEURON_LAB_QUEUE_GRAPHS", "0")
     n = len(registry.records())
     x = torch.randn(8, 16).to("neuron")
     w = torch.randn(16, 16).to("neuron").requires_grad_()
@@ -142,7 +144,8 @@ def test_compiled_graphs_reuse_input_aliases_from_the_second_call() -> None:
 # the wrapper's kernels: untouched while the recorder is off, timed while it is on
 
 
-def test_wrapper_runs_its_own_kernels_while_the_recorder_is_off() -> None:
+def test_wrapper_runs_its_own_kernels_while_the_recorder_is_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TORCHNEURON_LAB_QUEUE_GRAPHS", "0")  # the host path's timed stand-ins
     n = len(registry.records())
     x = torch.randn(32, 32).to("neuron")
     fn = torch.compile(lambda a: (torch.sin(a) @ a).relu() + 1, backend="neuron", fullgraph=True)

@@ -29,11 +29,15 @@ Each fused-kernel launch and extern-kernel call is a recorder event tagged with 
 
 from __future__ import annotations
 
+import ast
 import collections
+import ctypes
 import functools
+import os
 import re
 import threading
 import time
+import types
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -167,6 +171,23 @@ class _TimedOverload:
         return out
 
 
+class _NamedOverload:
+    """An ATen fallback in a queued graph's code while recording: its eager launches are recorded under the
+    name the graph's kernel list gives it (``aten::topk.default``)."""
+
+    def __init__(self, op: Any, name: str) -> None:
+        self._op = op
+        self._id = lib().intern_string(name)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        C = lib()
+        prev = C.set_launch_name(self._id)
+        try:
+            return self._op(*args, **kwargs)
+        finally:
+            C.set_launch_name(prev)
+
+
 class _Ns:
     """Attribute proxy: ``torch`` -> ``torch.ops`` -> ``torch.ops.aten`` -> packet -> timed overload.
 
@@ -174,8 +195,9 @@ class _Ns:
 
     _tnl_wrapped = True
 
-    def __init__(self, inner: Any, path: str, wanted: set[str]) -> None:
+    def __init__(self, inner: Any, path: str, wanted: set[str], make: Callable[[Any, str], Any] | None = None) -> None:
         self._inner, self._path, self._wanted = inner, path, wanted
+        self._make = make or _TimedOverload
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._inner, name)
@@ -185,9 +207,9 @@ class _Ns:
             res = target
         elif len(parts) == 4 and parts[1] == "aten":  # ops.aten.<op>.<overload>
             label = f"aten::{parts[2]}.{parts[3]}"
-            res = _TimedOverload(target, label) if label in self._wanted else target
+            res = self._make(target, label) if label in self._wanted else target
         else:
-            res = _Ns(target, path, self._wanted)
+            res = _Ns(target, path, self._wanted, self._make)
         if not name.startswith("__"):
             setattr(self, name, res)
         return res
@@ -577,7 +599,115 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     cpu_outs = [i for i, d in enumerate(out_devices) if d is not None and d.type == "cpu"]
     moved = [(i, d) for i, d in enumerate(out_devices) if d is not None and d.type == DEVICE_TYPE
              and d != here]
-    return _NeuronCode(compiled, rec, device, bad_devices, cpu_outs, moved, timing, seeded)
+    queued: tuple[Any, Any] | str = "inputs or outputs off the device"
+    if not (bad_devices or cpu_outs or moved or rt.devices - {device} or any(
+            isinstance(t, torch.Tensor) and t.device != here for t in example_inputs)):
+        queued = _queued_callables(compiled, kernels, device)
+    rec.launch = queued if isinstance(queued, str) else "queued"
+    return _NeuronCode(compiled, rec, device, bad_devices, cpu_outs, moved, timing, seeded,
+                       queued if isinstance(queued, tuple) else None)
+
+
+def _kernel_arg_types(src: str) -> dict[str, list[str]]:
+    """C argument types of each fused kernel (``cpp_fused_relu_0`` -> ``["float*"]``), from the wrapper."""
+    return {m.group("name"): [str(t) for t in ast.literal_eval("[" + m.group("args") + "]")]
+            for m in _PYBINDING.finditer(src)}
+
+
+@functools.lru_cache(maxsize=None)
+def _entry_point(path: str) -> int:
+    """Address of the C entry point (``kernel``) of a kernel module Inductor built (already loaded: the
+    same handle, dlopen counts references)."""
+    return int(ctypes.cast(ctypes.CDLL(path)["kernel"], ctypes.c_void_p).value or 0)
+
+
+class _ExternNamed:
+    """Stands in for ``extern_kernels`` in a queued graph's code while recording: the eager launch each call
+    makes is recorded under the graph code's name for it (``extern: aten::mm``)."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        target = getattr(self._inner, name)
+        if not callable(target):
+            return target
+        C = lib()
+        label = C.intern_string(f"extern: aten::{name}")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            prev = C.set_launch_name(label)
+            try:
+                return target(*args, **kwargs)
+            finally:
+                C.set_launch_name(prev)
+
+        setattr(self, name, call)
+        return call
+
+
+def _queued_callables(compiled: Any, kernels: list[dict[str, Any]], device: int) -> tuple[Any, Any] | str:
+    """The compiled graph's generated ``call``, rebound to globals in which it launches on ``neuron:device``:
+    buffers are device allocations, fused kernels are ``HostKernel`` launches, ATen calls get neuron tensors
+    (eager launches). Returns (plain, recording) callables, or why the graph cannot be queued."""
+    if os.environ.get("TORCHNEURON_LAB_QUEUE_GRAPHS", "1") == "0":
+        return "TORCHNEURON_LAB_QUEUE_GRAPHS=0"
+    call = getattr(compiled, "current_callable", None)
+    func = getattr(call, "__func__", call)
+    gl = getattr(func, "__globals__", None)
+    if not isinstance(func, types.FunctionType) or gl is None or "empty_strided_cpu" not in gl:
+        return "not an Inductor C++ wrapper"
+    C = lib()
+    here = torch.device(DEVICE_TYPE, device)
+    # the generated code lives in Inductor's cache (<dir>/<xx>/<key>.py): its frames are not the user's line
+    from ..device.recorder import add_internal_path
+
+    add_internal_path(os.path.dirname(os.path.dirname(func.__code__.co_filename)))
+    arg_types = _kernel_arg_types(getattr(compiled, "source_code", None) or "")
+    origins = {k["name"]: k["aten_ops"] for k in kernels}
+    priv = dict(gl)
+    timing = gl.get("_tnl_timing")
+    if isinstance(timing, _Timing):  # the host path's timed stand-ins may be swapped in: the originals
+        priv.update(timing.raw)
+    priv.pop("_tnl_timing", None)
+    for name, v in list(priv.items()):
+        if name.startswith("cpp_fused_") and callable(v):
+            path = getattr(getattr(v, "__self__", None), "__file__", None)
+            if not path or name not in arg_types:
+                return f"{name}: no loadable entry point"
+            try:
+                priv[name] = C.HostKernel(_entry_point(path), arg_types[name], name,
+                                          _engine_for(origins.get(name, [])), device)
+            except (NotImplementedError, ValueError, OSError, AttributeError) as e:
+                return str(e)
+        elif isinstance(v, torch.Tensor) and v.device.type == "cpu":
+            priv[name] = v.to(here)  # a graph constant lives on the device, as Inductor's do on CUDA
+    dev_fn = torch.device
+
+    def empty_strided_device(size: Any, stride: Any, dtype: Any) -> torch.Tensor:
+        return torch.empty_strided(size, stride, dtype=dtype, device=here)
+
+    def device_of(type: Any = None, index: Any = None) -> torch.device:  # noqa: A002 - torch.device's name
+        return here if type == "cpu" else dev_fn(type, index) if index is not None else dev_fn(type)
+
+    priv["empty_strided_cpu"] = empty_strided_device
+    priv["device"] = device_of
+    rec_gl = dict(priv)
+    if priv.get("extern_kernels") is not None:
+        rec_gl["extern_kernels"] = _ExternNamed(priv["extern_kernels"])
+    fallback_ops = {k["name"] for k in kernels if k["kind"] == "aten-fallback"}
+    if fallback_ops and "torch" in priv:
+        rec_gl["torch"] = _Ns(priv["torch"], "", fallback_ops, _NamedOverload)
+
+    def rebind(g: dict[str, Any]) -> Any:
+        for name, v in list(g.items()):  # the module's own functions (helpers the call uses) read g too
+            if isinstance(v, types.FunctionType) and v.__globals__ is gl:
+                g[name] = types.FunctionType(v.__code__, g, v.__name__, v.__defaults__, v.__closure__)
+        f = types.FunctionType(func.__code__, g, func.__name__, func.__defaults__, func.__closure__)
+        owner = getattr(call, "__self__", None)
+        return types.MethodType(f, owner) if owner is not None else f
+
+    return rebind(priv), rebind(rec_gl)
 
 
 class _NeuronCode:
@@ -593,7 +723,7 @@ class _NeuronCode:
 
     def __init__(self, compiled: Any, rec: SubgraphRecord, device: int, bad_devices: list[int],
                  cpu_outs: list[int], moved: list[tuple[int, torch.device]], timing: _Timing | None = None,
-                 seeded: bool = False) -> None:
+                 seeded: bool = False, queued: tuple[Any, Any] | None = None) -> None:
         self._boxed_call = True  # in __dict__ too: AOTAutograd's functools.wraps copies only that
         self.compiled = compiled
         self.rec = rec
@@ -607,6 +737,7 @@ class _NeuronCode:
         self.plan = C.HostPlan(device)  # keeps the inputs' CPU aliases between calls
         self.random = _DeviceRandom(device) if seeded else None
         self._tag = (rec.id, device)
+        self.queued = queued  # (plain, recording) callables that launch on the device queue, or None
 
     def __getattr__(self, name: str) -> Any:  # anything else AOTAutograd reads (e.g. post_compile)
         return getattr(self.__dict__["compiled"], name)
@@ -617,6 +748,13 @@ class _NeuronCode:
             for d in self.bad_devices:
                 torch.empty(0, device=torch.device(DEVICE_TYPE, d))  # raises eager's error
         on = self._recording()
+        if self.queued is not None:
+            C = lib()
+            prev = C.set_launch_subgraph(self.rec.id)
+            try:
+                return self.queued[1 if on else 0](args)
+            finally:
+                C.set_launch_subgraph(prev)
         if self.timing is not None:
             self.timing.set(on)
         if self.random is not None:

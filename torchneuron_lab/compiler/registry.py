@@ -37,6 +37,9 @@ class SubgraphRecord:
         calls: times the compiled graph ran.
         cache_hits: Inductor FX-graph cache hits while compiling this record (0 or 1).
         device: neuron device index the graph runs on.
+        launch: how the graph runs: ``"queued"`` (its kernels are launched on the device's stream, like
+            eager kernels, and the call returns before they ran) or why it runs on the host after waiting
+            for its stream (inputs or outputs off the device, ``TORCHNEURON_LAB_QUEUE_GRAPHS=0``, ...).
     """
 
     id: int
@@ -57,6 +60,7 @@ class SubgraphRecord:
     calls: int = 0
     cache_hits: int = 0
     device: int = 0
+    launch: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from ..tracing import StackFrame, Trace
+from ..tracing import frames as _frames
+from ..tracing.frames import is_internal
 from ..tracing.events import RecordedColumns
 from ._backend import lib
 
@@ -29,14 +31,16 @@ __all__ = [
 ]
 
 DEFAULT_CAPACITY = 1 << 20
-_INTERNAL = (
-    os.sep + "torch" + os.sep,
-    os.sep + "torchneuron_lab" + os.sep,
-    "<frozen ",
-    os.sep + "IPython" + os.sep,
-    os.sep + "ipykernel" + os.sep,
-    os.sep + "contextlib.py",
-)
+
+
+def add_internal_path(path: str) -> None:
+    """Frames under ``path`` (e.g. Inductor's cache directory, where compiled graphs' code lives) are not
+    the user's: launch sites, sources and owners skip them (here and in the C++ runtime's error text)."""
+    path = os.path.join(os.path.abspath(path), "")
+    if _frames.add_internal_path(path):
+        lib().add_internal_path(path)
+
+
 # The extension layer installs a mapper that turns (filename, line) into 'cell [n], line k'.
 _source_mapper: Callable[[str, int], str | None] | None = None
 
@@ -99,7 +103,7 @@ def bytes_per_event() -> int:
 
 def _user_frame(stack: Sequence[StackFrame]) -> StackFrame | None:
     for fr in reversed(stack):  # innermost last
-        if not any(tag in fr.filename for tag in _INTERNAL):
+        if not is_internal(fr.filename):
             return fr
     return None
 

@@ -7,6 +7,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..tracing.frames import is_internal
 from .results import (
     GraphBreaksResult,
     MemoryResult,
@@ -237,14 +238,13 @@ def subgraphs(graph_id: int | None, code: bool, kernels: bool, clear: bool) -> S
 
 # --------------------------------------------------------------------------- memory
 
-_INTERNAL = ("/torch/", "/torchneuron_lab/", "/IPython/", "/ipykernel/", "<frozen ")
 
 
 def _frame_location(frames: list[dict[str, Any]], mapper: Mapper | None) -> str:
     """The innermost user frame (frames are innermost first), mapped to its notebook cell."""
     for fr in frames:
         fn = str(fr.get("filename", ""))
-        if any(tag in fn for tag in _INTERNAL):
+        if is_internal(fn):
             continue
         line = int(fr.get("line", 0))
         mapped = mapper(fn, line) if mapper else None
@@ -306,7 +306,7 @@ def memory(device: int | None, segments: bool, history: bool, reset_peak: bool, 
     if oom is not None:
         oom = dict(oom)
         oom["frames"] = [{**fr, "location": _frame_location([fr], mapper)} for fr in oom.get("frames", [])
-                         if not any(tag in str(fr.get("filename", "")) for tag in _INTERNAL)]
+                         if not is_internal(str(fr.get("filename", "")))]
     if reset_peak:
         mem.reset_peak_memory_stats(d)
         notes.append(f"peak statistics of neuron:{d} reset (the figures above are from before)")

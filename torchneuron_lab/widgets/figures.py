@@ -34,6 +34,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from torchneuron_lab.tracing import ENGINES, KernelEvent, Trace, device_name
+from torchneuron_lab.tracing.frames import is_internal
 
 __all__ = [
     "BREAK_FRACTION",
@@ -561,7 +562,7 @@ def event_location(e: KernelEvent, mapper: Any = None) -> str | None:
     if m is None:
         return src
     for fr in reversed(e.stack):
-        if any(tag in fr.filename for tag in _INTERNAL_FRAMES):
+        if is_internal(fr.filename):
             continue
         return m(fr.filename, fr.line) or src
     return src
@@ -1223,7 +1224,6 @@ def memory_figure(
     return fig
 
 
-_INTERNAL_FRAMES = ("/torch/", "/torchneuron_lab/", "/IPython/", "/ipykernel/", "<frozen ")
 
 
 def _cell_mapper() -> Any:
@@ -1251,7 +1251,7 @@ def _user_frame(frames: Sequence[Mapping[str, Any]], mapper: Any = None) -> str:
     ('cell [3], line 2', through ``mapper``) or 'file:line in func'."""
     for fr in frames:
         fn = str(fr.get("filename", ""))
-        if any(tag in fn for tag in _INTERNAL_FRAMES):
+        if is_internal(fn):
             continue
         line = int(fr.get("line", 0) or 0)
         mapped = mapper(fn, line) if mapper is not None else None

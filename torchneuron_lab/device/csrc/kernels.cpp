@@ -963,6 +963,11 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     ev.engine = meta.engine;
     ev.device = static_cast<int8_t>(cs.device);
     ev.name_id = meta.name_id;
+    {
+      const LaunchTag& tag = launch_tag();
+      ev.subgraph = tag.subgraph;
+      if (tag.name_id >= 0) ev.name_id = tag.name_id;
+    }
     ev.bytes_read = bytes_read;
     ev.bytes_written = bytes_written;
     ev.new_signature = new_sig;
@@ -1046,7 +1051,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     if (!t.defined()) return t;
     note_tensor_sig(sig, t);
     if (rec) {
-      bytes_read += nbytes_of(t);
+      if (!schema.arguments()[argi].is_out()) bytes_read += nbytes_of(t);  // an out= tensor is only written
       if (meta.flops != Flops::None) in_for_flops.push_back(t);
     }
     if (t.device().type() == kNeuron) {
@@ -1277,6 +1282,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     ev.engine = meta.engine;
     ev.device = static_cast<int8_t>(cs.device);
     ev.name_id = meta.name_id;
+    {
+      const LaunchTag& tag = launch_tag();
+      ev.subgraph = tag.subgraph;
+      if (tag.name_id >= 0) ev.name_id = tag.name_id;
+    }
     ev.start_ns = t0;
     ev.end_ns = t1;
     ev.bytes_read = bytes_read;

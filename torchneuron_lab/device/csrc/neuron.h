@@ -249,6 +249,16 @@ int worker_stream();
 uint64_t cancel_epoch(int device);
 void cancel_queued(int device);  // drops queued (not running) work of every stream of the device  // changes when queued work was dropped (Ctrl-C during a wait)
 uint64_t worker_position();
+// What a compiled graph's host code is launching (graphs.cpp): while it runs, the kernels it launches
+// (its fused kernels and the ATen ops it calls) are recorded with the graph's registry id, and a call the
+// graph's code names ("extern: aten::mm") under that name. -1: none (eager code).
+struct LaunchTag {
+  int32_t subgraph = -1;
+  int32_t name_id = -1;
+};
+LaunchTag& launch_tag();  // this thread's
+// Frames under this directory are not the user's (Inductor's generated code): launch sites skip them.
+void add_internal_path(const std::string& dir);
 // Events (c10 event handles point at these).
 struct NeuronEvent {
   int device = -1;

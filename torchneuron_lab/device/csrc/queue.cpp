@@ -17,6 +17,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <array>
 #include <condition_variable>
 #include <cstdlib>
@@ -119,6 +120,7 @@ StreamQueue& stream_of(int device, int stream) {
 thread_local std::array<int, kMaxDevices> tls_stream{};
 thread_local int tls_worker_stream = -1;
 thread_local uint64_t tls_worker_pos = 0;
+thread_local LaunchTag tls_launch_tag;
 
 void worker_main(StreamQueue* s);
 
@@ -287,16 +289,27 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   return true;
 }
 
+std::mutex g_internal_mu;
+std::vector<std::string> g_internal_dirs;  // added rarely (one per Inductor cache directory), read at errors
+
+bool internal_file(const std::string& file) {
+  if (file.find("/torch/") != std::string::npos || file.find("/torchneuron_lab/") != std::string::npos ||
+      file.find("<frozen") != std::string::npos)
+    return true;
+  std::lock_guard<std::mutex> lock(g_internal_mu);
+  for (const auto& d : g_internal_dirs)
+    if (file.rfind(d, 0) == 0) return true;
+  return false;
+}
+
 std::string launch_site(int32_t stack) {
   if (stack < 0) return "";
   auto frames = stack_frames(stack);
   if (frames.empty()) return "";
-  // The innermost frame outside torch and the lab: the user's line that launched the op.
+  // The innermost frame outside torch, the lab and code they generated: the user's line that launched it.
   for (const auto& f : frames) {
     const std::string& file = std::get<0>(f);
-    if (file.find("/torch/") != std::string::npos || file.find("/torchneuron_lab/") != std::string::npos ||
-        file.find("<frozen") != std::string::npos)
-      continue;
+    if (internal_file(file)) continue;
     return file + ":" + std::to_string(std::get<1>(f)) + " in " + std::get<2>(f);
   }
   const auto& f = frames.front();
@@ -356,6 +369,14 @@ int pool_stream(int device, bool high_priority) {
 }
 
 int stream_priority(int device, int stream) { return stream_of(device, stream).priority; }
+
+LaunchTag& launch_tag() { return tls_launch_tag; }
+
+void add_internal_path(const std::string& dir) {
+  std::lock_guard<std::mutex> lock(g_internal_mu);
+  if (std::find(g_internal_dirs.begin(), g_internal_dirs.end(), dir) == g_internal_dirs.end())
+    g_internal_dirs.push_back(dir);
+}
 
 Launch begin_launch(int32_t name_id) {
   Launch l;

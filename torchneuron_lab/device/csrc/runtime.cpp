@@ -12,5 +12,6 @@
 #include "recorder.cpp"
 #include "profiler.cpp"
 #include "bindings.cpp"
+#include "graphs.cpp"
 #include "cuda_parity.cpp"
 #include "layouts.cpp"

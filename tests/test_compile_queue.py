@@ -1,0 +1,178 @@
+"""Compiled graphs launched on the device queue like eager kernels (issue 12: "compiled graphs enqueue
+like kernels"): the graph's host code runs on the host with neuron tensors, its fused C++ kernels and the
+ATen ops it calls are launched on the current stream, and the call returns before they ran.
+
+``torch.neuron._sleep(ms)`` keeps the stream busy, so "returned before its kernels ran" is deterministic.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torchneuron_lab  # noqa: F401  (registers the device)
+from torchneuron_lab.compiler import registry
+from torchneuron_lab.device import recorder
+from torchneuron_lab.device._backend import lib
+
+C = lib()
+
+
+@pytest.fixture(autouse=True)
+def _drained() -> Iterator[None]:
+    torch.neuron.synchronize(0)
+    yield
+    torch.neuron.synchronize(0)
+
+
+def new_records(n: int) -> list[registry.SubgraphRecord]:
+    return registry.records()[n:]
+
+
+def chain(x: torch.Tensor) -> torch.Tensor:
+    return torch.clamp(torch.exp(torch.tanh(torch.cos(torch.relu(torch.sin(x) * 1.5)))), max=2.0)
+
+
+def mm_relu(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return (x @ w).relu().sum(dim=1)
+
+
+def test_a_compiled_graph_returns_before_its_kernels_ran() -> None:
+    x = torch.randn(256, 256, device="neuron")
+    w = torch.randn(256, 64, device="neuron")
+    n = len(registry.records())
+    fn = torch.compile(mm_relu, backend="neuron", fullgraph=True)
+    fn(x, w)
+    (rec,) = new_records(n)
+    assert rec.launch == "queued"
+    torch.neuron.synchronize()
+    torch.neuron._sleep(300)
+    t0 = time.perf_counter()
+    out = fn(x, w)
+    returned = time.perf_counter() - t0
+    enqueued, completed = C.stream_counts(0, 0)
+    assert enqueued - completed == 3  # the sleep, extern mm, the fused relu+sum
+    assert returned < 0.1
+    assert out.device == torch.device("neuron", 0) and out.shape == (256,)
+    torch.testing.assert_close(out.cpu(), mm_relu(x.cpu(), w.cpu()))  # .cpu() waits
+    assert C.stream_counts(0, 0)[0] == C.stream_counts(0, 0)[1]
+
+
+def test_a_graph_runs_on_the_current_stream() -> None:
+    x = torch.randn(64, 64, device="neuron")
+    fn = torch.compile(chain, backend="neuron", fullgraph=True)
+    fn(x)
+    s = torch.neuron.Stream()
+    before = C.stream_counts(0, s.stream_id)[0]
+    with torch.neuron.stream(s):
+        torch.neuron._sleep(200)
+        out = fn(x)
+    assert C.stream_counts(0, s.stream_id)[0] - before == 2  # the sleep and the one fused kernel
+    assert s.query() is False and torch.neuron.default_stream().query() is True
+    s.synchronize()
+    torch.testing.assert_close(out.cpu(), chain(x.cpu()))
+
+
+def test_forward_and_backward_graphs_queue_and_match_the_host_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch.manual_seed(0)
+    base = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 4))
+    x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+
+    def grads(queue: bool) -> tuple[float, list[torch.Tensor], list[str]]:
+        monkeypatch.setenv("TORCHNEURON_LAB_QUEUE_GRAPHS", "1" if queue else "0")
+        m = copy.deepcopy(base).to("neuron")
+        n = len(registry.records())
+        ns = {"F": F, "m": m}  # a new code object per call: Dynamo compiles it afresh
+        exec("def loss_fn(a, b):\n    return F.cross_entropy(m(a), b)\n", ns)  # noqa: S102
+        fn = torch.compile(ns["loss_fn"], backend="neuron")
+        loss = fn(x.to("neuron"), y.to("neuron"))
+        loss.backward()
+        return loss.item(), [p.grad.cpu() for p in m.parameters()], [r.launch for r in new_records(n)]
+
+    q_loss, q_grads, q_launch = grads(True)
+    h_loss, h_grads, h_launch = grads(False)
+    assert q_launch == ["queued", "queued"]  # forward and backward
+    assert h_launch == ["TORCHNEURON_LAB_QUEUE_GRAPHS=0"] * 2
+    assert q_loss == h_loss
+    for a, b in zip(q_grads, h_grads, strict=True):
+        assert torch.equal(a, b)  # the same kernels on the same data: bit for bit
+
+
+def test_a_compiled_kernel_error_is_raised_at_the_next_sync_with_the_users_line() -> None:
+    fn = torch.compile(lambda a, b: (a // b) + 1, backend="neuron")  # user_line
+    a = torch.arange(8, device="neuron")
+    b = torch.ones(8, dtype=torch.int64, device="neuron")
+    assert fn(a, b).tolist() == list(range(1, 9))
+    b[3] = 0
+    torch.neuron._sleep(50)
+    out = fn(a, b)  # returns: the division runs later
+    line = Path(__file__).read_text().splitlines().index(
+        '    fn = torch.compile(lambda a, b: (a // b) + 1, backend="neuron")  # user_line') + 1
+    with pytest.raises(RuntimeError) as err:
+        out.cpu()
+    msg = str(err.value)
+    assert "asynchronous error in cpp_fused_" in msg and "neuron:0 (stream 0)" in msg
+    assert f"{Path(__file__).name}:{line}" in msg  # the user's line, not Inductor's generated code
+    assert "ZeroDivisionError" in msg
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):  # CPU's error for the same inputs
+        a.cpu() // b.cpu()
+    assert (torch.ones(2, device="neuron") * 3).tolist() == [3.0, 3.0]  # the device stays usable
+
+
+def test_compiled_kernels_carry_their_launch_and_graph_id() -> None:
+    x = torch.randn(64, 128, device="neuron")
+    w = torch.randn(128, 32, device="neuron")
+    n = len(registry.records())
+    fn = torch.compile(mm_relu, backend="neuron", fullgraph=True)
+    fn(x, w)
+    (rec,) = new_records(n)
+    with recorder.record() as box:
+        fn(x, w)
+        torch.neuron.synchronize()
+    ev = [e for e in box[0].events if e.subgraph == rec.id]
+    assert [e.name for e in ev] == ["extern: aten::mm", rec.kernels[1]["name"]]
+    for e in ev:
+        assert e.stream == 0 and e.correlation > 0
+        assert e.host_start_ns <= e.host_end_ns <= e.start_ns <= e.end_ns  # launched, then ran
+    assert ev[0].bytes_read == (64 * 128 + 128 * 32) * 4 and ev[0].bytes_written == 64 * 32 * 4
+    assert ev[1].bytes_read == 64 * 32 * 4 and ev[1].bytes_written == 64 * 4
+
+
+def test_graphs_with_host_tensors_run_on_the_host_and_say_why() -> None:
+    n = len(registry.records())
+    fn = torch.compile(lambda a, b: a * 2 + b.to(a.device), backend="neuron")
+    a, b = torch.ones(4, device="neuron"), torch.ones(4)
+    assert fn(a, b).tolist() == [3.0] * 4
+    assert [r.launch for r in new_records(n)] == ["inputs or outputs off the device"]
+
+
+def test_queued_graph_memory_is_stream_ordered_device_memory() -> None:
+    x = torch.randn(512, 512, device="neuron")
+    fn = torch.compile(chain, backend="neuron", fullgraph=True)
+    fn(x)
+    torch.neuron.synchronize()
+    a0 = torch.neuron.memory_stats()["allocation.all.allocated"]
+    m0 = torch.neuron.memory_allocated()
+    outs = [fn(x) for _ in range(3)]
+    # one output buffer per call, allocated by the host at the launch (Inductor fused the chain: no temporaries)
+    assert torch.neuron.memory_stats()["allocation.all.allocated"] - a0 == 3
+    assert torch.neuron.memory_allocated() - m0 == 3 * 512 * 512 * 4
+    for o in outs:
+        torch.testing.assert_close(o.cpu(), chain(x.cpu()))
+
+
+def test_a_graph_on_the_second_device_queues_there() -> None:
+    x = torch.randn(64, 64, device="neuron:1")
+    n = len(registry.records())
+    fn = torch.compile(chain, backend="neuron", fullgraph=True)
+    out = fn(x)
+    assert [r.launch for r in new_records(n)] == ["queued"]
+    assert out.device == torch.device("neuron", 1)
+    torch.testing.assert_close(out.cpu(), chain(x.cpu()))
