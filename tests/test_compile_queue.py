@@ -176,3 +176,52 @@ def test_a_graph_on_the_second_device_queues_there() -> None:
     assert [r.launch for r in new_records(n)] == ["queued"]
     assert out.device == torch.device("neuron", 1)
     torch.testing.assert_close(out.cpu(), chain(x.cpu()))
+
+
+def _sdpa_cpu_flash(q: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, q, q, dropout_p=p)
+
+
+def test_a_seeded_random_op_that_draws_nothing_launches_asynchronously() -> None:
+    # ATen tags the CPU flash attention `nondeterministic_seeded` (it has a dropout_p and no Generator);
+    # with dropout_p == 0 it draws nothing, so it is launched like any other kernel (no host wait).
+    q = torch.randn(2, 4, 32, 16, device="neuron")
+    _sdpa_cpu_flash(q, 0.0)
+    torch.neuron.synchronize()
+    torch.neuron._sleep(300)
+    t0 = time.perf_counter()
+    out, lse = _sdpa_cpu_flash(q, 0.0)
+    assert time.perf_counter() - t0 < 0.1
+    enqueued, completed = C.stream_counts(0, 0)
+    assert enqueued - completed == 2  # the sleep and the attention kernel
+    ref_out, ref_lse = _sdpa_cpu_flash(q.cpu(), 0.0)
+    assert torch.equal(out.cpu(), ref_out) and torch.equal(lse.cpu(), ref_lse)
+
+
+def test_a_compiled_encoder_with_the_fast_path_off_has_no_host_waits() -> None:
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dropout=0.0, batch_first=True).eval()
+    x = torch.randn(2, 16, 64)
+    mods = [copy.deepcopy(layer).to("neuron") for _ in range(1)]
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        fn = torch.compile(mods[0], backend="neuron", fullgraph=True)
+        xn = x.to("neuron")
+        with torch.no_grad():
+            fn(xn)
+            torch.neuron.synchronize()
+            recorder.start()
+            try:
+                out = fn(xn)
+                torch.neuron.synchronize()
+            finally:
+                recorder.stop()
+            with torch.no_grad():
+                ref = layer(x)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    events = recorder.read().events
+    recorder.clear()
+    syncs = [e.name for e in events if e.kind == "sync"]
+    assert syncs == ["sync: torch.neuron.synchronize()"]
+    assert any(e.name == "aten::_scaled_dot_product_flash_attention_for_cpu.default" for e in events)
+    torch.testing.assert_close(out.cpu(), ref)

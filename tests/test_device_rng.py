@@ -188,3 +188,14 @@ def test_fork_rng_restores_the_device_state() -> None:
         torch.neuron.manual_seed(1)
         torch.randn(10, device="neuron")
     assert torch.equal(torch.neuron.get_rng_state(), state)
+
+
+def test_native_dropout_draws_from_the_device_generator_whatever_the_cpu_seed() -> None:
+    x = torch.ones(4096).to("neuron")
+    masks = []
+    for cpu_seed in (0, 1):
+        torch.manual_seed(cpu_seed)
+        torch.neuron.manual_seed(7)
+        _, mask = torch.ops.aten.native_dropout(x, 0.5, True)
+        masks.append(mask.cpu())
+    assert torch.equal(masks[0], masks[1]) and 1000 < int(masks[0].sum()) < 3000

@@ -74,7 +74,20 @@ struct OpMeta {
   // the data: the host waits); `out_op` is the op's out= variant whose CPU kernel writes straight into
   // outputs the host allocated (zero copy), when one exists.
   bool async_ok = false;
+  // A seeded-random op without a Generator whose `dropout_p` is 0.0 at a call draws nothing (the attention
+  // kernels in eval): that call launches asynchronously like any other op. (native_dropout has its own
+  // kernel: it draws even at p == 0, as CPU's does.)
+  bool async_ok_without_rng = false;
+  int rng_p_arg = -1;
   std::optional<c10::OperatorHandle> out_op;
+
+  // Whether this call draws no random numbers from a lent generator.
+  bool draws_rng(const torch::jit::Stack& stack, size_t base) const {
+    if (!rng_without_generator) return false;
+    if (rng_p_arg < 0) return true;
+    const c10::IValue& v = stack[base + rng_p_arg];
+    return !(v.isDouble() && v.toDouble() == 0.0);
+  }
 };
 
 // The out= overload of a functional op: the same leading arguments (names and types) followed by one
@@ -226,7 +239,11 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
   }
   m.view_only = all_alias && !m.any_write;
   m.rng_without_generator = m.gen_args.empty() && op.hasTag(at::Tag::nondeterministic_seeded);
-  m.async_ok = !m.sync && !m.view_only && !m.rng_without_generator;
+  m.async_ok = !m.sync && !m.view_only;
+  if (m.rng_without_generator)
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].name() == "dropout_p" && args[i].type()->kind() == c10::TypeKind::FloatType)
+        m.rng_p_arg = static_cast<int>(i);
   for (const auto& r : s.returns()) {
     const auto k = r.type()->kind();
     const bool tensor_like =
@@ -237,6 +254,8 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
          r.type()->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::TensorType);
     if (!tensor_like) m.async_ok = false;
   }
+  m.async_ok_without_rng = m.async_ok;
+  if (m.rng_without_generator) m.async_ok = false;
   // The out= overload only where it is the same code as the functional op (pointwise ops and the
   // matmul family are structured kernels); other out= kernels may assume more of their output (e.g. a
   // zeroed buffer) than an uninitialised device block.
@@ -1147,9 +1166,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   // Asynchronous launch; otherwise (a view, a sync op, results that need the data, the first launch of
   // a plan) the host runs the op itself, after waiting for its stream unless the op only makes a view.
   PendingPlan pending;
+  const bool draws_rng = meta.draws_rng(*stack, base);
+  const bool async_ok = meta.async_ok || (meta.async_ok_without_rng && !draws_rng);
   if (worker_stream() < 0) {
     // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every kernel runs on the host at its launch (errors raised there)
-    if (meta.async_ok && !cs.cpu_outputs && !launch_blocking() &&
+    if (async_ok && !cs.cpu_outputs && !launch_blocking() &&
         launch_async(op, meta, stack, base, nargs, cs, new_sig, rec, bytes_read, in_for_flops, &pending))
       return;
     // A sync op (data-dependent shape, a value) is a synchronisation point: always recorded. Any other
@@ -1162,7 +1183,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       raise_async_error(cs.device);
     } else if (!meta.view_only) {
       synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(),
-                         /*record_always=*/meta.sync || !meta.async_ok);
+                         /*record_always=*/meta.sync || !async_ok);
     }
   }
 
@@ -1170,7 +1191,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   // lend it the device generator's state for the call, then hand the advanced state back.
   std::optional<at::Tensor> saved_cpu_rng;
   at::Generator engine;
-  if (meta.rng_without_generator) {
+  if (draws_rng) {
     engine = cpu_engine_of(default_generator(cs.device));
     at::Generator cpu = at::detail::getDefaultCPUGenerator();
     std::lock_guard<std::mutex> lock(cpu.mutex());
