@@ -23,6 +23,10 @@
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_efficientzerotensor_native.h>
+#include <ATen/ops/add_cpu_dispatch.h>
+#include <ATen/ops/div_cpu_dispatch.h>
+#include <ATen/ops/mul_cpu_dispatch.h>
+#include <ATen/ops/sub_cpu_dispatch.h>
 #include <ATen/ops/resize_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/native/transformers/attention.h>
@@ -74,6 +78,7 @@ struct OpMeta {
   // the data: the host waits); `out_op` is the op's out= variant whose CPU kernel writes straight into
   // outputs the host allocated (zero copy), when one exists.
   bool async_ok = false;
+  bool pointwise = false;  // ATen's `pointwise` tag: an output may be exactly an input (full overlap)
   // A seeded-random op without a Generator whose `dropout_p` is 0.0 at a call draws nothing (the attention
   // kernels in eval): that call launches asynchronously like any other op. (native_dropout has its own
   // kernel: it draws even at p == 0, as CPU's does.)
@@ -239,6 +244,7 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
   }
   m.view_only = all_alias && !m.any_write;
   m.rng_without_generator = m.gen_args.empty() && op.hasTag(at::Tag::nondeterministic_seeded);
+  m.pointwise = op.hasTag(at::Tag::pointwise);
   m.async_ok = !m.sync && !m.view_only;
   if (m.rng_without_generator)
     for (size_t i = 0; i < args.size(); ++i)
@@ -886,11 +892,19 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
   const auto& schema = op.schema();
   // A written argument that shares memory with another argument, or overlaps itself: the CPU kernel's
   // own overlap checks decide, at once, on the host path (Meta kernels do not all make them).
+  // A pointwise op whose output is exactly one of its inputs (`torch.mul(x, 2, out=x)`, the foreach
+  // kernels' in-place loops) is fine for the CPU kernel (full overlap) and is launched like the rest.
+  auto same_view = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.data_ptr() == b.data_ptr() && a.scalar_type() == b.scalar_type() && a.sizes().equals(b.sizes()) &&
+           a.strides().equals(b.strides());
+  };
   for (size_t k = 0; k < cs.ins.size(); ++k) {
     if (!cs.ins[k].writable) continue;
     if (at::has_internal_overlap(cs.ins[k].alias) == at::MemOverlap::Yes) return false;
     for (size_t j = 0; j < cs.ins.size(); ++j)
-      if (j != k && cs.ins[j].alias_storage == cs.ins[k].alias_storage) return false;
+      if (j != k && cs.ins[j].alias_storage == cs.ins[k].alias_storage &&
+          !(meta.pointwise && !cs.ins[j].writable && same_view(cs.ins[j].original, cs.ins[k].original)))
+        return false;
   }
   auto alias_index = [&](const at::Tensor& t) -> int {
     for (size_t k = 0; k < cs.ins.size(); ++k)
@@ -1628,6 +1642,213 @@ at::Tensor as_strided(const at::Tensor& self, c10::IntArrayRef size, c10::IntArr
   return at::native::as_strided_tensorimpl(self, size, stride, offset);
 }
 
+// ------------------------------------------------------------------------------------------------
+// Launch fast path for the hottest eager ops: add/sub/mul/div (Tensor overloads, functional and in place)
+// of dense same-shape floating tensors, or a tensor and a Python number. The general path above (plan
+// cache, CPU aliases built on the host, a boxed closure) costs ~3 us per launch, twice a CPU op of 64x64;
+// here the host checks the arguments, allocates the output, notes the signature and enqueues a closure
+// holding raw device pointers (the stream-ordered allocator keeps freed blocks until stream order makes
+// reuse safe, as for the general path's aliases); the worker builds flat CPU views and runs ATen's CPU
+// structured kernel. Anything else (recording, other dtypes, broadcasting, strides, mixed devices,
+// overlap) takes the general path, whose behaviour this must equal (tests/test_fast_launch.py).
+
+enum class FastOp : uint8_t { Add, Sub, Mul, Div };
+
+struct FastEntry {
+  const c10::FunctionSchema* schema;
+  FastOp op;
+  bool in_place;
+};
+std::array<FastEntry, 8> g_fast{};
+std::atomic<int> g_fast_n{0};
+
+const FastEntry* fast_entry(const c10::OperatorHandle& op) {
+  const c10::FunctionSchema* sch = &op.schema();
+  const int n = g_fast_n.load(std::memory_order_acquire);
+  for (int i = 0; i < n; ++i)
+    if (g_fast[i].schema == sch) return &g_fast[i];
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  const int m = g_fast_n.load(std::memory_order_relaxed);
+  for (int i = 0; i < m; ++i)
+    if (g_fast[i].schema == sch) return &g_fast[i];
+  const std::string& name = sch->name();
+  FastEntry e{sch, FastOp::Add, false};
+  std::string base = name.rfind("aten::", 0) == 0 ? name.substr(6) : name;
+  if (!base.empty() && base.back() == '_') {
+    e.in_place = true;
+    base.pop_back();
+  }
+  if (base == "add") e.op = FastOp::Add;
+  else if (base == "sub") e.op = FastOp::Sub;
+  else if (base == "mul") e.op = FastOp::Mul;
+  else if (base == "div") e.op = FastOp::Div;
+  else return nullptr;
+  if (m >= static_cast<int>(g_fast.size())) return nullptr;
+  g_fast[m] = e;
+  g_fast_n.store(m + 1, std::memory_order_release);
+  return &g_fast[m];
+}
+
+bool fast_dense(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != kNeuron || !t.is_contiguous() || t._is_zerotensor() || t.is_neg() ||
+      t.is_conj())
+    return false;
+  const at::ScalarType st = t.scalar_type();
+  return st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16;
+}
+
+at::Tensor flat_cpu(void* ptr, int64_t numel, at::ScalarType dtype) {
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  auto st = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                  c10::DataPtr(ptr, c10::Device(c10::kCPU)), nullptr, false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(std::move(st)),
+                                                   c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   c10::scalarTypeToTypeMeta(dtype));
+  impl->set_sizes_contiguous({numel});
+  return at::Tensor(std::move(impl));
+}
+
+bool try_fast_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (worker_stream() >= 0 || launch_blocking()) return false;
+  const FastEntry* fe = fast_entry(op);
+  if (fe == nullptr) return false;
+  const size_t nargs = op.schema().arguments().size();
+  const size_t base = stack->size() - nargs;
+  if (nargs < 2 || nargs > 3) return false;
+  const c10::IValue& sv = (*stack)[base];
+  const c10::IValue& ov = (*stack)[base + 1];
+  if (!sv.isTensor() || !ov.isTensor()) return false;
+  const at::Tensor& self = sv.toTensor();
+  const at::Tensor& other = ov.toTensor();
+  if (!fast_dense(self)) return false;
+  c10::Scalar alpha(1);
+  if (nargs == 3) {
+    const c10::IValue& av = (*stack)[base + 2];
+    if (!av.isScalar()) return false;
+    alpha = av.toScalar();
+    if (alpha.isComplex() || alpha.isSymbolic() || alpha.isBoolean()) return false;  // CPU's checks, at once
+  }
+  const int device = self.device().index();
+  const bool number = other.is_cpu() && other.unsafeGetTensorImpl()->is_wrapped_number();
+  if (number) {
+    // a Python number: a floating tensor keeps its dtype (bool/int/float numbers do not promote it);
+    // subtracting a bool is an error CPU raises at once (the general path raises it here too)
+    if (c10::isComplexType(other.scalar_type())) return false;
+    if (fe->op == FastOp::Sub && other.scalar_type() == at::kBool) return false;
+  } else {
+    if (!fast_dense(other) || other.device().index() != device || other.scalar_type() != self.scalar_type() ||
+        !other.sizes().equals(self.sizes()))
+      return false;
+    // in place: the other operand may be self itself (full overlap), not another view of its memory
+    if (fe->in_place && other.storage().unsafeGetStorageImpl() == self.storage().unsafeGetStorageImpl() &&
+        other.data_ptr() != self.data_ptr())
+      return false;
+  }
+  check_not_in_bad_fork();
+
+  const OpMeta& meta = op_meta(op);
+  SigBuilder sig{reinterpret_cast<uint64_t>(&op.schema()), {}};
+  note_tensor_sig(sig, self);
+  note_tensor_sig(sig, other);
+  const bool new_sig = note_signature(device, sig.hash, [&]() {
+    std::ostringstream o;
+    o << meta.name << "(" << dtype_name(self.scalar_type()) << shape_str(self.sizes());
+    if (!number) o << ", " << dtype_name(other.scalar_type()) << shape_str(other.sizes());
+    o << ")";
+    return o.str();
+  });
+  // The kernel event, as the general path records it (bytes of every tensor argument read, the output
+  // or the written argument written, the launch tag of a compiled graph, shapes when asked).
+  const bool rec = recording();
+  EventRecord ev;
+  if (rec) {
+    ev.kind = EventKind::Kernel;
+    ev.engine = meta.engine;
+    ev.device = static_cast<int8_t>(device);
+    ev.name_id = meta.name_id;
+    const LaunchTag& tag = launch_tag();
+    ev.subgraph = tag.subgraph;
+    if (tag.name_id >= 0) ev.name_id = tag.name_id;
+    ev.bytes_read = nbytes_of(self) + nbytes_of(other);
+    ev.bytes_written = nbytes_of(self);
+    ev.new_signature = new_sig;
+    if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
+    if (record_shapes_enabled() && ev.shapes_id < 0) {
+      std::string sh = shape_str(self.sizes()), dt = dtype_name(self.scalar_type());
+      if (!number) {
+        sh += ", " + shape_str(other.sizes());
+        dt += ", " + dtype_name(other.scalar_type());
+      }
+      ev.shapes_id = intern_string(sh);
+      ev.dtypes_id = intern_string(dt);
+    }
+  } else if (new_sig) {
+    int32_t a, b;
+    take_pending_signature(meta.name_id, &a, &b);
+  }
+
+  at::Tensor out;
+  if (fe->in_place) {
+    out = self;
+  } else {
+    std::optional<c10::DeviceGuard> guard;
+    if (current_device() != device) guard.emplace(c10::Device(kNeuron, device));
+    out = at::detail::empty_generic(self.sizes(), neuron_allocator(),
+                                    c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), self.scalar_type(),
+                                    c10::MemoryFormat::Contiguous);
+  }
+  Work w;
+  w.device = device;
+  w.stream = current_stream(device);
+  w.launch = begin_launch(meta.name_id);
+  const at::ScalarType dtype = self.scalar_type();
+  const int64_t numel = self.numel();
+  void* po = out.numel() ? out.data_ptr() : nullptr;
+  void* ps = self.numel() ? self.data_ptr() : nullptr;
+  void* pt = number ? nullptr : (other.numel() ? other.data_ptr() : nullptr);
+  at::Tensor num = number ? other : at::Tensor();  // the binding's own temporary: nobody else changes it
+  const OpMeta* m = &meta;
+  w.run = [fop = fe->op, po, ps, pt, num, numel, dtype, alpha, device, m, rec, ev,
+           stream = w.stream](const Launch& l) {
+    const int64_t t0 = now_ns();
+    try {
+      RedirectGuard host(-1);
+      at::Tensor o = flat_cpu(po, numel, dtype);
+      at::Tensor a = ps == po ? o : flat_cpu(ps, numel, dtype);
+      at::Tensor b = num.defined() ? num : pt == ps ? a : pt == po ? o : flat_cpu(pt, numel, dtype);
+      switch (fop) {
+        case FastOp::Add: at::cpu::add_out(o, a, b, alpha); break;
+        case FastOp::Sub: at::cpu::sub_out(o, a, b, alpha); break;
+        case FastOp::Mul: at::cpu::mul_out(o, a, b); break;
+        case FastOp::Div: at::cpu::div_out(o, a, b); break;
+      }
+    } catch (c10::Error& e) {
+      e.add_context("while running " + m->name + " on neuron:" + std::to_string(device) + " (stream " +
+                    std::to_string(stream) + ", emulated NeuronCore, host kernels)");
+      throw;
+    }
+    if (rec && recording()) {
+      EventRecord e = ev;
+      e.start_ns = t0;
+      e.end_ns = now_ns();
+      e.stream = stream;
+      e.host_start_ns = l.host_start_ns;
+      e.host_end_ns = l.host_end_ns;
+      e.correlation = l.id;
+      push_event_from(e, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+    }
+  };
+  enqueue(std::move(w));
+  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  stack->emplace_back(std::move(out));
+  return true;
+}
+
+void fast_or_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (!try_fast_launch(op, stack)) neuron_fallback(op, ks, stack);
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
@@ -1710,6 +1931,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_to_copy", at::native::_to_copy);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("record_stream", record_stream);
+  // (div.Tensor keeps cuda_parity.cpp's complex32 kernel; its fast path is the in-place div_)
+  for (const char* name : {"add.Tensor", "add_.Tensor", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor",
+                           "div_.Tensor"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fast_or_fallback>());
   // CompositeExplicitAutograd kernels that pick a backend by device type: run them on the CPU side.
   for (const char* name : {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
                            "convolution_backward_overrideable"}) {

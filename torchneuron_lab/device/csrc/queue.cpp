@@ -12,9 +12,11 @@
 #include "neuron.h"
 
 #include <Python.h>
+#include <ATen/Parallel.h>
 #include <torch/csrc/Exceptions.h>
 #include <c10/util/Exception.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -32,6 +34,7 @@ namespace {
 
 std::atomic<int> g_launch_blocking{-1};  // -1: read the environment at first use
 std::atomic<uint64_t> g_next_launch{1};
+std::atomic<int> g_host_waiting{0};  // host threads blocked in wait_on (the worker's thread-count policy)
 
 double sync_timeout_s() {
   static const double t = [] {
@@ -57,6 +60,16 @@ struct AsyncError {
 };
 
 struct StreamQueue {
+  StreamQueue() {
+    // The host (enqueue) and the worker (take, complete) hold `mu` for a few instructions each, many
+    // times per microsecond in a burst of small launches: an adaptive mutex spins briefly on contention
+    // instead of putting the thread to sleep and paying a futex wake-up per launch.
+    pthread_mutexattr_t attr;
+    pthread_mutexattr_init(&attr);
+    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+    pthread_mutex_init(mu.native_handle(), &attr);
+    pthread_mutexattr_destroy(&attr);
+  }
   int device = 0;
   int id = 0;
   int priority = 0;
@@ -65,7 +78,11 @@ struct StreamQueue {
   std::condition_variable cv_done;  // waiters: a position completed
   std::deque<Work> queue;
   uint64_t enqueued = 0;
-  uint64_t completed = 0;
+  // Written only by the worker, without the lock (one atomic add per kernel); a thread that waits for
+  // it counts itself in `waiters` under the lock first, and the worker takes the lock before notifying
+  // only when someone waits, so no wake-up is lost (see worker_main).
+  std::atomic<uint64_t> completed{0};
+  std::atomic<int> waiters{0};
   std::atomic<uint64_t> launched{0};  // = enqueued, readable without the lock (the worker's spin)
   // Finished kernels' closures, destroyed by a host thread (reap): the host allocated their captures, so
   // freeing them there keeps malloc's arena lock off the launch path (cross-thread frees contend).
@@ -147,6 +164,9 @@ void note_error(StreamQueue& s, const Work& w, const std::string& what, ErrorCla
   d.error = std::move(e);
 }
 
+// Kernels a worker takes from its queue under one lock (fewer lock round trips with the launching host).
+constexpr size_t kWorkerBatch = 64;
+
 void worker_main(StreamQueue* s) {
   // Named as a device engine, so top/perf/py-spy tell the emulated device's work from the host's.
   const std::string tname = "neuron" + std::to_string(s->device) + ":s" + std::to_string(s->id);
@@ -154,48 +174,89 @@ void worker_main(StreamQueue* s) {
   tls_worker_stream = s->id;
   set_current_device(s->device);
   tls_stream[s->device] = s->id;
+  DeviceQueues& dq = queues_of(s->device);
+  // Intra-op threads of the kernels this worker runs: the host's Python and the device's kernels share
+  // the machine's cores, so while a host thread runs (launching) a kernel gets one thread and leaves the
+  // host its core; while a host thread is blocked waiting for the device, kernels get the full count
+  // (the intra-op thread count at the worker's start, as torch.set_num_threads had set it).
+  using SetThreads = void (*)(int);
+  static const auto set_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
+  const int full_threads = std::max(1, at::get_num_threads());
+  int threads = full_threads;
+  std::vector<Work> batch;
+  batch.reserve(kWorkerBatch);
+  std::vector<std::function<void(const Launch&)>> spent;  // handed to the host at the batch's end
   for (;;) {
-    Work w;
     // A host launching a burst of small kernels enqueues one every few microseconds: spin briefly before
     // sleeping, so each launch does not pay a futex sleep and wake-up of the worker (a device's queue is
     // polled by its own engine; the spin is bounded so an idle worker costs no CPU).
     {
-      const uint64_t done = s->completed;  // written only by this worker: its own read needs no lock
+      const uint64_t done = s->completed.load(std::memory_order_relaxed);  // only this worker writes it
       for (int i = 0; i < kSpinRounds && s->launched.load(std::memory_order_acquire) == done; ++i)
         std::this_thread::yield();
     }
+    uint64_t epoch;
     {
       std::unique_lock<std::mutex> lock(s->mu);
       s->cv_work.wait(lock, [&] { return !s->queue.empty(); });
-      w = std::move(s->queue.front());
-      s->queue.pop_front();
+      while (!s->queue.empty() && batch.size() < kWorkerBatch) {
+        batch.push_back(std::move(s->queue.front()));
+        s->queue.pop_front();
+      }
+      epoch = dq.cancel_epoch.load();
     }
-    tls_worker_pos = s->completed + 1;
-    try {
-      if (w.run) w.run(w.launch);  // dropped work (Ctrl-C) only advances the stream
-    } catch (const c10::IndexError& e) {
-      note_error(*s, w, e.what_without_backtrace(), ErrorClass::Index);
-    } catch (const c10::ValueError& e) {
-      note_error(*s, w, e.what_without_backtrace(), ErrorClass::Value);
-    } catch (const c10::TypeError& e) {
-      note_error(*s, w, e.what_without_backtrace(), ErrorClass::Type);
-    } catch (const c10::NotImplementedError& e) {
-      note_error(*s, w, e.what_without_backtrace(), ErrorClass::NotImplemented);
-    } catch (const c10::OutOfMemoryError& e) {
-      note_error(*s, w, e.what_without_backtrace(), ErrorClass::OutOfMemory);
-    } catch (const c10::Error& e) {
-      note_error(*s, w, e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      note_error(*s, w, e.what());
-    } catch (...) {
-      note_error(*s, w, "unknown C++ exception");
+    for (Work& w : batch) {
+      // Work taken before a Ctrl-C dropped the queued kernels is dropped too (it was queued, not running).
+      if (w.run && dq.cancel_epoch.load(std::memory_order_relaxed) != epoch) w.run = nullptr;
+      tls_worker_pos = s->completed.load(std::memory_order_relaxed) + 1;
+      if (set_threads != nullptr && w.run) {
+        const int want = g_host_waiting.load(std::memory_order_relaxed) > 0 ? full_threads : 1;
+        if (want != threads) {
+          set_threads(want);
+          threads = want;
+        }
+      }
+      try {
+        if (w.run) w.run(w.launch);  // dropped work (Ctrl-C) only advances the stream
+      } catch (const c10::IndexError& e) {
+        note_error(*s, w, e.what_without_backtrace(), ErrorClass::Index);
+      } catch (const c10::ValueError& e) {
+        note_error(*s, w, e.what_without_backtrace(), ErrorClass::Value);
+      } catch (const c10::TypeError& e) {
+        note_error(*s, w, e.what_without_backtrace(), ErrorClass::Type);
+      } catch (const c10::NotImplementedError& e) {
+        note_error(*s, w, e.what_without_backtrace(), ErrorClass::NotImplemented);
+      } catch (const c10::OutOfMemoryError& e) {
+        note_error(*s, w, e.what_without_backtrace(), ErrorClass::OutOfMemory);
+      } catch (const c10::Error& e) {
+        note_error(*s, w, e.what_without_backtrace());
+      } catch (const std::exception& e) {
+        note_error(*s, w, e.what());
+      } catch (...) {
+        note_error(*s, w, "unknown C++ exception");
+      }
+      if (w.run) spent.push_back(std::move(w.run));
+      if (&w == &batch.back()) {
+        // The batch's closures go to the host (it frees them at its next launch or wait) with the last
+        // completion, so a host that waited for the batch finds them.
+        {
+          std::lock_guard<std::mutex> lock(s->mu);
+          for (auto& f : spent) s->spent.push_back(std::move(f));
+          s->completed.fetch_add(1);
+        }
+        spent.clear();
+        s->cv_done.notify_all();
+        continue;
+      }
+      // The add and the `waiters` read are sequentially consistent: a waiter either sees the new count
+      // under the lock, or is counted here and is woken after the lock (it is then inside its wait).
+      s->completed.fetch_add(1);
+      if (s->waiters.load() > 0) {
+        { std::lock_guard<std::mutex> lock(s->mu); }
+        s->cv_done.notify_all();
+      }
     }
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      if (w.run) s->spent.push_back(std::move(w.run));
-      s->completed++;
-    }
-    s->cv_done.notify_all();
+    batch.clear();
   }
 }
 
@@ -250,10 +311,21 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   PyThreadState* saved = (python && PyGILState_Check()) ? PyEval_SaveThread() : nullptr;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(sync_timeout_s());
   bool done = false, interrupted = false;
+  struct Waiting {
+    bool host;
+    explicit Waiting(bool h) : host(h) {
+      if (host) g_host_waiting.fetch_add(1);
+    }
+    ~Waiting() {
+      if (host) g_host_waiting.fetch_sub(1);
+    }
+  } waiting(tls_worker_stream < 0);
   while (!done) {
     {
       std::unique_lock<std::mutex> lock(s.mu);
-      done = s.cv_done.wait_for(lock, std::chrono::milliseconds(50), [&] { return s.completed >= pos; });
+      s.waiters.fetch_add(1);
+      done = s.cv_done.wait_for(lock, std::chrono::milliseconds(50), [&] { return s.completed.load() >= pos; });
+      s.waiters.fetch_sub(1);
     }
     if (done || std::chrono::steady_clock::now() > deadline) break;
     if (interruptible && python && PyGILState_GetThisThreadState() != nullptr) {
@@ -283,7 +355,7 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.completed < pos)
       TORCH_CHECK(false, what, ": neuron:", s.device, " stream ", s.id, " did not reach position ", pos,
-                  " (completed ", s.completed, ", ", s.queue.size(), " queued) within ", sync_timeout_s(),
+                  " (completed ", s.completed.load(), ", ", s.queue.size(), " queued) within ", sync_timeout_s(),
                   " s (TORCHNEURON_LAB_SYNC_TIMEOUT)");
   }
   return true;
@@ -619,7 +691,10 @@ void stream_wait_event(int device, int stream, const NeuronEvent* ev) {
     // A device-side wait: this stream's worker blocks until the other stream passes the marker.
     std::unique_lock<std::mutex> lock(other->mu);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(sync_timeout_s());
-    TORCH_CHECK(other->cv_done.wait_until(lock, deadline, [&] { return other->completed >= pos; }),
+    other->waiters.fetch_add(1);
+    const bool reached = other->cv_done.wait_until(lock, deadline, [&] { return other->completed.load() >= pos; });
+    other->waiters.fetch_sub(1);
+    TORCH_CHECK(reached,
                 "a neuron stream waited more than ", sync_timeout_s(), " s for an event on stream ", other->id,
                 " (TORCHNEURON_LAB_SYNC_TIMEOUT)");
   };

@@ -1,0 +1,224 @@
+"""The launch fast path for the hottest eager ops (add/sub/mul Tensor, add_/sub_/mul_/div_ Tensor on dense
+same-shape floating tensors or a tensor and a Python number; `kernels.cpp` "Launch fast path"), the
+pointwise full-overlap rule of the general path (an op whose output is exactly an input launches), and
+the device worker's intra-op thread policy (one thread while a host thread runs, all while it waits).
+
+The fast path must be indistinguishable from the general path: the same results (bit for bit against
+CPU), the same errors, the same stream order, signatures and memory statistics.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+
+import torchneuron_lab  # noqa: F401  (registers the device)
+from torchneuron_lab.compiler import signatures
+from torchneuron_lab.device import recorder
+from torchneuron_lab.device._backend import lib
+
+C = lib()
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def _drained() -> Iterator[None]:
+    torch.neuron.synchronize(0)
+    yield
+    torch.neuron.set_stream(torch.neuron.default_stream(0))
+    torch.neuron.synchronize(0)
+
+
+def _pair(dtype: torch.dtype, shape: tuple[int, ...] = (33, 17)) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return torch.randn(shape, generator=g).to(dtype), torch.randn(shape, generator=g).to(dtype).abs() + 0.5
+
+
+CALLS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "add": lambda a, b: a + b,
+    "add_alpha": lambda a, b: torch.add(a, b, alpha=-2.5),
+    "sub": lambda a, b: a - b,
+    "sub_alpha": lambda a, b: torch.sub(a, b, alpha=3),
+    "mul": lambda a, b: a * b,
+    "add_number": lambda a, b: a + 1,
+    "mul_float": lambda a, b: a * 0.3,
+    "mul_bool": lambda a, b: a * True,
+    "add_self": lambda a, b: a + a,
+    "iadd": lambda a, b: a.add_(b),
+    "iadd_alpha": lambda a, b: a.add_(b, alpha=0.5),
+    "isub": lambda a, b: a.sub_(b),
+    "imul": lambda a, b: a.mul_(b),
+    "idiv": lambda a, b: a.div_(b),
+    "idiv_number": lambda a, b: a.div_(7),
+    "imul_self": lambda a, b: a.mul_(a),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).removeprefix("torch."))
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_fast_ops_are_bit_identical_to_cpu(name: str, dtype: torch.dtype) -> None:
+    a, b = _pair(dtype)
+    want = CALLS[name](a.clone(), b)
+    an, bn = a.to("neuron"), b.to("neuron")
+    got = CALLS[name](an, bn)
+    assert got.device == torch.device("neuron", 0) and got.dtype == want.dtype and got.shape == want.shape
+    assert got.is_contiguous()
+    assert torch.equal(got.cpu(), want)
+    if name.startswith("i"):
+        assert got is an and torch.equal(an.cpu(), want)  # in place: the argument itself
+
+
+def test_a_fast_launch_returns_before_its_kernel_ran_and_keeps_stream_order() -> None:
+    a, b = (t.to("neuron") for t in _pair(torch.float32, (256, 256)))
+    s = torch.neuron.Stream()
+    with torch.neuron.stream(s):
+        torch.neuron._sleep(300)
+        before = C.stream_counts(0, s.stream_id)
+        t0 = time.perf_counter()
+        c = a + b
+        c.mul_(2.0)
+        d = c - a
+        returned = time.perf_counter() - t0
+        after = C.stream_counts(0, s.stream_id)
+    assert returned < 0.1
+    assert after[0] - before[0] == 3 and after[1] == before[1]  # three launches queued behind the sleep
+    assert torch.neuron.default_stream().query() is True and s.query() is False
+    s.synchronize()
+    ac, bc = a.cpu(), b.cpu()
+    assert torch.equal(d.cpu(), (ac + bc).mul_(2.0) - ac)
+
+
+FALLBACK_CASES: dict[str, Callable[[torch.device], torch.Tensor]] = {
+    "broadcast": lambda d: torch.ones(4, 3, device=d) + torch.arange(3.0, device=d),
+    "promotion": lambda d: torch.ones(3, device=d) + torch.arange(3, device=d),
+    "int": lambda d: torch.arange(6, device=d) * torch.arange(6, device=d),
+    "int_number": lambda d: torch.arange(6, device=d) + 2.5,
+    "complex_number": lambda d: torch.ones(3, device=d) * 1j,
+    "noncontiguous": lambda d: torch.arange(12.0, device=d).view(3, 4).t() + torch.ones(4, 3, device=d),
+    "zero_dim_tensor": lambda d: torch.ones(3, device=d) * torch.tensor(2.0, device=d),
+    "mixed_float": lambda d: torch.ones(3, device=d, dtype=torch.float16) + torch.ones(3, device=d),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FALLBACK_CASES))
+def test_calls_outside_the_fast_path_take_the_general_path_with_cpus_result(name: str) -> None:
+    want = FALLBACK_CASES[name](torch.device("cpu"))
+    got = FALLBACK_CASES[name](torch.device("neuron"))
+    assert got.dtype == want.dtype and got.stride() == want.stride()
+    assert torch.equal(got.cpu(), want)
+
+
+def test_errors_are_cpus() -> None:
+    a = torch.arange(8.0, device="neuron")
+    with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+        a[1:].add_(a[:-1])  # partial overlap: CPU's check, at once
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="neuron") + torch.ones(3)
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.ones(3, device="neuron:0") * torch.ones(3, device="neuron:1")
+    with pytest.raises(RuntimeError, match="must match the size"):
+        torch.ones(3, device="neuron") + torch.ones(4, device="neuron")
+    with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+        torch.ones(3, device="neuron").add_(torch.ones(2, 3, device="neuron"))
+    with pytest.raises(RuntimeError, match="Subtraction, the `-` operator, with a bool tensor is not supported"):
+        torch.ones(3, device="neuron") - True
+    with pytest.raises(RuntimeError, match="Boolean alpha only supported for Boolean results"):
+        torch.ones(3, device="neuron").add_(torch.ones(3, device="neuron"), alpha=True)
+    x = torch.ones(4, device="neuron")
+    x.add_(x)  # full overlap is fine, as on CPU
+    assert x.cpu().tolist() == [2.0] * 4
+
+
+def test_signatures_and_memory_stats_are_the_general_paths() -> None:
+    signatures.clear()
+    a = torch.randn(40, 24, device="neuron")
+    torch.neuron.synchronize()
+    m = signatures.mark()
+    base = torch.neuron.memory_allocated()
+    c = a * a  # fast path (recorder off)
+    assert torch.neuron.memory_allocated() - base == 4096  # one output: 3840 B rounded up to 512 B
+    assert signatures.new_since(m) == {0: ["aten::mul.Tensor(float32[40, 24], float32[40, 24])"]}
+    m2 = signatures.mark()
+    recorder.start(record_shapes=True)
+    try:
+        a * a  # recorded: the same signature, not new
+        a.add_(1)
+        torch.neuron.synchronize()
+    finally:
+        recorder.stop()
+    cols = C.recorder_read()
+    events = [e for e in recorder.read().events if e.kind == "kernel"]
+    recorder.clear()
+    assert [e.name for e in events] == ["aten::mul.Tensor", "aten::add_.Tensor"]
+    assert [e.new_signature for e in events] == [False, True]
+    assert signatures.new_since(m2) == {0: ["aten::add_.Tensor(float32[40, 24])"]}
+    # the general path's accounting: every tensor argument read (the Python number is an 8-byte tensor),
+    # the output or the written argument written; the launch span and its link to the kernel
+    assert [(e.bytes_read, e.bytes_written) for e in events] == [(7680, 3840), (3848, 3840)]
+    assert [e.shapes for e in events] == ["[40, 24], [40, 24]", "[40, 24]"]
+    kernels = [i for i, k in enumerate(cols["kind"]) if cols["name"][i] in ("aten::mul.Tensor", "aten::add_.Tensor")]
+    for i in kernels:
+        assert 0 < cols["host_start_ns"][i] <= cols["host_end_ns"][i] <= cols["start_ns"][i] < cols["end_ns"][i]
+        assert cols["correlation"][i] > 0 and cols["stream"][i] == 0
+    del c
+    assert torch.neuron.memory_allocated() == base
+
+
+def test_a_pointwise_op_writing_one_of_its_inputs_launches_without_a_host_wait() -> None:
+    # the foreach kernels' in-place loops call mul.out(x, s, out=x): full overlap, no host path
+    xs = [torch.ones(64, 64, device="neuron") for _ in range(3)]
+    torch._foreach_mul_(xs, 1.0)  # the first launch of each plan is checked on the host
+    torch.mul(xs[0], 1.0, out=xs[0])
+    torch.neuron.synchronize()
+    recorder.start()
+    try:
+        torch.neuron._sleep(200)
+        torch._foreach_mul_(xs, 3.0)
+        torch.mul(xs[0], 2.0, out=xs[0])
+        queued = C.stream_counts(0, 0)
+        torch.neuron.synchronize()
+    finally:
+        recorder.stop()
+    events = recorder.read().events
+    recorder.clear()
+    assert queued[0] - queued[1] == 5  # the sleep, three foreach muls and the out= mul, all queued
+    assert [e.name for e in events if e.kind == "sync"] == ["sync: torch.neuron.synchronize()"]
+    assert xs[0].cpu().unique().tolist() == [6.0] and xs[2].cpu().unique().tolist() == [3.0]
+
+
+# --------------------------------------------------------------------------- the worker's threads
+
+_seen_threads: list[int] = []
+
+
+@torch.library.custom_op("tnl_test::probe_threads", mutates_args=(), device_types="cpu")
+def probe_threads(x: torch.Tensor) -> torch.Tensor:
+    # a CPU kernel: on neuron tensors the fallback runs it as a kernel, on the device's worker thread
+    _seen_threads.append(torch.get_num_threads())
+    return x.clone()
+
+
+@probe_threads.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_kernels_get_one_thread_while_the_host_runs_and_all_while_it_waits() -> None:
+    full = torch.get_num_threads()
+    x = torch.ones(4, device="neuron")
+    probe_threads(x)  # the first launch of a plan runs on the host: the next ones are queued
+    torch.neuron.synchronize()
+    _seen_threads.clear()
+    torch.neuron._sleep(100)
+    probe_threads(x)
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.5:  # the host keeps running Python while the kernel runs
+        pass
+    torch.neuron.synchronize()
+    torch.neuron._sleep(100)
+    probe_threads(x)
+    torch.neuron.synchronize()  # the host waits from here on
+    assert _seen_threads == [1, full]
