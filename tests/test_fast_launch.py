@@ -1,7 +1,6 @@
 """The launch fast path for the hottest eager ops (add/sub/mul Tensor, add_/sub_/mul_/div_ Tensor on dense
-same-shape floating tensors or a tensor and a Python number; `kernels.cpp` "Launch fast path"), the
-pointwise full-overlap rule of the general path (an op whose output is exactly an input launches), and
-the device worker's intra-op thread policy (one thread while a host thread runs, all while it waits).
+same-shape floating tensors or a tensor and a Python number; `kernels.cpp` "Launch fast path") and the
+pointwise full-overlap rule of the general path (an op whose output is exactly an input launches).
 
 The fast path must be indistinguishable from the general path: the same results (bit for bit against
 CPU), the same errors, the same stream order, signatures and memory statistics.
@@ -187,38 +186,3 @@ def test_a_pointwise_op_writing_one_of_its_inputs_launches_without_a_host_wait()
     assert queued[0] - queued[1] == 5  # the sleep, three foreach muls and the out= mul, all queued
     assert [e.name for e in events if e.kind == "sync"] == ["sync: torch.neuron.synchronize()"]
     assert xs[0].cpu().unique().tolist() == [6.0] and xs[2].cpu().unique().tolist() == [3.0]
-
-
-# --------------------------------------------------------------------------- the worker's threads
-
-_seen_threads: list[int] = []
-
-
-@torch.library.custom_op("tnl_test::probe_threads", mutates_args=(), device_types="cpu")
-def probe_threads(x: torch.Tensor) -> torch.Tensor:
-    # a CPU kernel: on neuron tensors the fallback runs it as a kernel, on the device's worker thread
-    _seen_threads.append(torch.get_num_threads())
-    return x.clone()
-
-
-@probe_threads.register_fake
-def _(x: torch.Tensor) -> torch.Tensor:
-    return torch.empty_like(x)
-
-
-def test_kernels_get_one_thread_while_the_host_runs_and_all_while_it_waits() -> None:
-    full = torch.get_num_threads()
-    x = torch.ones(4, device="neuron")
-    probe_threads(x)  # the first launch of a plan runs on the host: the next ones are queued
-    torch.neuron.synchronize()
-    _seen_threads.clear()
-    torch.neuron._sleep(100)
-    probe_threads(x)
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 0.5:  # the host keeps running Python while the kernel runs
-        pass
-    torch.neuron.synchronize()
-    torch.neuron._sleep(100)
-    probe_threads(x)
-    torch.neuron.synchronize()  # the host waits from here on
-    assert _seen_threads == [1, full]

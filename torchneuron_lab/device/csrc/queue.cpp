@@ -12,11 +12,9 @@
 #include "neuron.h"
 
 #include <Python.h>
-#include <ATen/Parallel.h>
 #include <torch/csrc/Exceptions.h>
 #include <c10/util/Exception.h>
 
-#include <dlfcn.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -34,7 +32,6 @@ namespace {
 
 std::atomic<int> g_launch_blocking{-1};  // -1: read the environment at first use
 std::atomic<uint64_t> g_next_launch{1};
-std::atomic<int> g_host_waiting{0};  // host threads blocked in wait_on (the worker's thread-count policy)
 
 double sync_timeout_s() {
   static const double t = [] {
@@ -175,14 +172,6 @@ void worker_main(StreamQueue* s) {
   set_current_device(s->device);
   tls_stream[s->device] = s->id;
   DeviceQueues& dq = queues_of(s->device);
-  // Intra-op threads of the kernels this worker runs: the host's Python and the device's kernels share
-  // the machine's cores, so while a host thread runs (launching) a kernel gets one thread and leaves the
-  // host its core; while a host thread is blocked waiting for the device, kernels get the full count
-  // (the intra-op thread count at the worker's start, as torch.set_num_threads had set it).
-  using SetThreads = void (*)(int);
-  static const auto set_threads = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "omp_set_num_threads"));
-  const int full_threads = std::max(1, at::get_num_threads());
-  int threads = full_threads;
   std::vector<Work> batch;
   batch.reserve(kWorkerBatch);
   std::vector<std::function<void(const Launch&)>> spent;  // handed to the host at the batch's end
@@ -209,13 +198,6 @@ void worker_main(StreamQueue* s) {
       // Work taken before a Ctrl-C dropped the queued kernels is dropped too (it was queued, not running).
       if (w.run && dq.cancel_epoch.load(std::memory_order_relaxed) != epoch) w.run = nullptr;
       tls_worker_pos = s->completed.load(std::memory_order_relaxed) + 1;
-      if (set_threads != nullptr && w.run) {
-        const int want = g_host_waiting.load(std::memory_order_relaxed) > 0 ? full_threads : 1;
-        if (want != threads) {
-          set_threads(want);
-          threads = want;
-        }
-      }
       try {
         if (w.run) w.run(w.launch);  // dropped work (Ctrl-C) only advances the stream
       } catch (const c10::IndexError& e) {
@@ -311,15 +293,6 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   PyThreadState* saved = (python && PyGILState_Check()) ? PyEval_SaveThread() : nullptr;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(sync_timeout_s());
   bool done = false, interrupted = false;
-  struct Waiting {
-    bool host;
-    explicit Waiting(bool h) : host(h) {
-      if (host) g_host_waiting.fetch_add(1);
-    }
-    ~Waiting() {
-      if (host) g_host_waiting.fetch_sub(1);
-    }
-  } waiting(tls_worker_stream < 0);
   while (!done) {
     {
       std::unique_lock<std::mutex> lock(s.mu);
