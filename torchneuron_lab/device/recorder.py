@@ -14,8 +14,8 @@ from typing import Any
 
 from ..tracing import StackFrame, Trace
 from ..tracing import frames as _frames
-from ..tracing.frames import is_internal
 from ..tracing.events import RecordedColumns
+from ..tracing.frames import is_internal
 from ._backend import lib
 
 __all__ = [
