@@ -186,3 +186,35 @@ def test_a_pointwise_op_writing_one_of_its_inputs_launches_without_a_host_wait()
     assert queued[0] - queued[1] == 5  # the sleep, three foreach muls and the out= mul, all queued
     assert [e.name for e in events if e.kind == "sync"] == ["sync: torch.neuron.synchronize()"]
     assert xs[0].cpu().unique().tolist() == [6.0] and xs[2].cpu().unique().tolist() == [3.0]
+
+
+def test_a_kernel_whose_layout_differs_from_its_meta_kernels_launches_with_the_cpus_layout() -> None:
+    # channels-last convolution (what Inductor's CPU graphs call): Meta says contiguous, mkldnn returns
+    # channels-last; the first launch learns the CPU's strides, later launches are queued with them
+    cl = torch.channels_last
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 3, 16, 16, generator=g).contiguous(memory_format=cl)
+    w = torch.randn(8, 3, 3, 3, generator=g).contiguous(memory_format=cl)
+    b = torch.randn(8, generator=g)
+    want = torch.ops.aten.convolution(x, w, b, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    xn, wn, bn = x.to("neuron"), w.to("neuron"), b.to("neuron")
+
+    def conv() -> torch.Tensor:
+        return torch.ops.aten.convolution(xn, wn, bn, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+
+    conv()  # the first launch runs on the host and checks the plan
+    torch.neuron.synchronize()
+    recorder.start()
+    try:
+        torch.neuron._sleep(200)
+        got = conv()
+        queued = C.stream_counts(0, 0)
+        torch.neuron.synchronize()
+    finally:
+        recorder.stop()
+    events = recorder.read().events
+    recorder.clear()
+    assert queued[0] - queued[1] == 2  # the sleep and the convolution, both queued
+    assert [e.name for e in events if e.kind == "sync"] == ["sync: torch.neuron.synchronize()"]
+    assert got.stride() == want.stride() == (2048, 1, 128, 8)
+    assert torch.equal(got.cpu(), want)

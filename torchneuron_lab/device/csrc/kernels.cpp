@@ -852,6 +852,54 @@ bool plan_matches(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t
   return next == plan.outs.size();
 }
 
+// A Meta kernel may pick another layout than the CPU kernel for the same arguments (a channels-last
+// convolution: Meta says contiguous, mkldnn returns channels-last, as the compiled graphs Inductor makes
+// for CPU expect). When the first launch's results differ from the plan only in strides (same returns,
+// sizes, dtypes, aliasing, distinct fresh storages at offset 0), the plan takes the CPU kernel's strides:
+// a kernel's layout choice depends on its arguments' metadata, which the plan key holds.
+std::shared_ptr<const LaunchPlan> plan_with_cpu_strides(const LaunchPlan& plan, const torch::jit::Stack& stack,
+                                                        size_t rbase, size_t nret, const CallState& cs) {
+  if (plan.ret_sizes.size() != nret) return nullptr;
+  auto fixed = std::make_shared<LaunchPlan>(plan);
+  size_t next = 0;
+  std::vector<const c10::StorageImpl*> seen;
+  auto take = [&](const at::Tensor& t) -> bool {
+    if (next >= fixed->outs.size()) return false;
+    LaunchPlan::Out& o = fixed->outs[next++];
+    if (o.kind == LaunchPlan::Out::Undefined) return !t.defined();
+    if (!t.defined()) return false;
+    if (o.kind == LaunchPlan::Out::Input)
+      return t.unsafeGetTensorImpl() == cs.ins[o.input].original.unsafeGetTensorImpl();
+    if (t.device().type() != kNeuron || !t.sizes().equals(o.sizes) || t.scalar_type() != o.dtype ||
+        t.storage_offset() != 0 || !t.is_non_overlapping_and_dense())
+      return false;
+    const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+    if (std::find(seen.begin(), seen.end(), st) != seen.end()) return false;
+    for (const auto& in : cs.ins)
+      if (in.original.storage().unsafeGetStorageImpl() == st) return false;
+    seen.push_back(st);
+    o.strides = t.strides().vec();
+    return true;
+  };
+  for (size_t r = 0; r < nret; ++r) {
+    const c10::IValue& v = stack[rbase + r];
+    const int n = plan.ret_sizes[r];
+    if (n == LaunchPlan::kNone) {
+      if (!v.isNone()) return nullptr;
+    } else if (n == LaunchPlan::kSingle) {
+      if (!v.isTensor() || !take(v.toTensor())) return nullptr;
+    } else {
+      if (!v.isTensorList()) return nullptr;
+      auto l = v.toTensorList();
+      if (static_cast<int>(l.size()) != n) return nullptr;
+      for (const at::Tensor& t : l)
+        if (!take(t)) return nullptr;
+    }
+  }
+  if (next != fixed->outs.size()) return nullptr;
+  return fixed;
+}
+
 // After a functional kernel ran on the worker: its results (the stack, returns flattened in order) land in
 // the outputs the host allocated (`targets`; undefined where an argument is returned in place). A result
 // the kernel allocated in its own output block (PlacementGuard) with the output's geometry is already
@@ -1304,6 +1352,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   if (pending.plan) {
     if (plan_matches(*pending.plan, *stack, rbase, nret, cs)) {
       store_plan(std::move(pending.key), pending.plan);
+    } else if (auto cpu_layout = plan_with_cpu_strides(*pending.plan, *stack, rbase, nret, cs)) {
+      store_plan(std::move(pending.key), std::move(cpu_layout));
     } else {
       auto host = std::make_shared<LaunchPlan>();
       host->host_path = true;
