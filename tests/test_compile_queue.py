@@ -69,6 +69,7 @@ def test_a_graph_runs_on_the_current_stream() -> None:
     x = torch.randn(64, 64, device="neuron")
     fn = torch.compile(chain, backend="neuron", fullgraph=True)
     fn(x)
+    torch.neuron.synchronize()  # the compiling call's kernel ran on the default stream: let it finish
     s = torch.neuron.Stream()
     before = C.stream_counts(0, s.stream_id)[0]
     with torch.neuron.stream(s):

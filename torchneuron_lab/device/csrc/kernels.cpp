@@ -816,23 +816,17 @@ struct PendingPlan {
   std::vector<int64_t> key;
 };
 
-bool plan_matches(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t rbase, size_t nret,
-                  const CallState& cs) {
+// Walks a launch's results (the returns on the stack from `rbase`) against the plan's returns: `each(t, out)`
+// for every tensor with its planned output; false at the first difference in the returns' structure or
+// when `each` says no.
+template <typename Each>
+bool walk_results(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t rbase, size_t nret, Each&& each) {
   if (plan.ret_sizes.size() != nret) return false;
   size_t next = 0;
-  auto same = [&](const at::Tensor& t) -> bool {
+  auto one = [&](const at::Tensor& t) -> bool {
     if (next >= plan.outs.size()) return false;
-    const LaunchPlan::Out& o = plan.outs[next++];
-    if (o.kind == LaunchPlan::Out::Undefined) return !t.defined();
-    if (!t.defined()) return false;
-    if (o.kind == LaunchPlan::Out::Input)
-      return t.unsafeGetTensorImpl() == cs.ins[o.input].original.unsafeGetTensorImpl();
-    if (t.device().type() != kNeuron || !t.sizes().equals(o.sizes) || t.scalar_type() != o.dtype ||
-        t.storage_offset() != 0)
-      return false;
-    for (int64_t d = 0; d < t.dim(); ++d)  // strides of size-1 dims carry no layout
-      if (t.size(d) > 1 && t.stride(d) != o.strides[d]) return false;
-    return true;
+    const LaunchPlan::Out& o = plan.outs[next];
+    return each(t, next++, o);
   };
   for (size_t r = 0; r < nret; ++r) {
     const c10::IValue& v = stack[rbase + r];
@@ -840,64 +834,61 @@ bool plan_matches(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t
     if (n == LaunchPlan::kNone) {
       if (!v.isNone()) return false;
     } else if (n == LaunchPlan::kSingle) {
-      if (!v.isTensor() || !same(v.toTensor())) return false;
+      if (!v.isTensor() || !one(v.toTensor())) return false;
     } else {
       if (!v.isTensorList()) return false;
       auto l = v.toTensorList();
       if (static_cast<int>(l.size()) != n) return false;
       for (const at::Tensor& t : l)
-        if (!same(t)) return false;
+        if (!one(t)) return false;
     }
   }
   return next == plan.outs.size();
 }
 
+// What every result must share with its planned output: undefined-ness, the argument returned in place,
+// or a neuron tensor of the planned sizes and dtype at offset 0 (strides are compared by the callers).
+bool same_kind(const at::Tensor& t, const LaunchPlan::Out& o, const CallState& cs) {
+  if (o.kind == LaunchPlan::Out::Undefined) return !t.defined();
+  if (!t.defined()) return false;
+  if (o.kind == LaunchPlan::Out::Input) return t.unsafeGetTensorImpl() == cs.ins[o.input].original.unsafeGetTensorImpl();
+  return t.device().type() == kNeuron && t.sizes().equals(o.sizes) && t.scalar_type() == o.dtype &&
+         t.storage_offset() == 0;
+}
+
+bool plan_matches(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t rbase, size_t nret,
+                  const CallState& cs) {
+  return walk_results(plan, stack, rbase, nret, [&](const at::Tensor& t, size_t, const LaunchPlan::Out& o) {
+    if (!same_kind(t, o, cs)) return false;
+    if (o.kind != LaunchPlan::Out::New) return true;
+    for (int64_t d = 0; d < t.dim(); ++d)  // strides of size-1 dims carry no layout
+      if (t.size(d) > 1 && t.stride(d) != o.strides[d]) return false;
+    return true;
+  });
+}
+
 // A Meta kernel may pick another layout than the CPU kernel for the same arguments (a channels-last
 // convolution: Meta says contiguous, mkldnn returns channels-last, as the compiled graphs Inductor makes
 // for CPU expect). When the first launch's results differ from the plan only in strides (same returns,
-// sizes, dtypes, aliasing, distinct fresh storages at offset 0), the plan takes the CPU kernel's strides:
-// a kernel's layout choice depends on its arguments' metadata, which the plan key holds.
+// sizes, dtypes, aliasing, distinct fresh dense storages at offset 0), the plan takes the CPU kernel's
+// strides: a kernel's layout choice depends on its arguments' metadata, which the plan key holds.
 std::shared_ptr<const LaunchPlan> plan_with_cpu_strides(const LaunchPlan& plan, const torch::jit::Stack& stack,
                                                         size_t rbase, size_t nret, const CallState& cs) {
-  if (plan.ret_sizes.size() != nret) return nullptr;
   auto fixed = std::make_shared<LaunchPlan>(plan);
-  size_t next = 0;
   std::vector<const c10::StorageImpl*> seen;
-  auto take = [&](const at::Tensor& t) -> bool {
-    if (next >= fixed->outs.size()) return false;
-    LaunchPlan::Out& o = fixed->outs[next++];
-    if (o.kind == LaunchPlan::Out::Undefined) return !t.defined();
-    if (!t.defined()) return false;
-    if (o.kind == LaunchPlan::Out::Input)
-      return t.unsafeGetTensorImpl() == cs.ins[o.input].original.unsafeGetTensorImpl();
-    if (t.device().type() != kNeuron || !t.sizes().equals(o.sizes) || t.scalar_type() != o.dtype ||
-        t.storage_offset() != 0 || !t.is_non_overlapping_and_dense())
-      return false;
+  const bool ok = walk_results(plan, stack, rbase, nret, [&](const at::Tensor& t, size_t i, const LaunchPlan::Out& o) {
+    if (!same_kind(t, o, cs)) return false;
+    if (o.kind != LaunchPlan::Out::New) return true;
+    if (!t.is_non_overlapping_and_dense()) return false;
     const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
     if (std::find(seen.begin(), seen.end(), st) != seen.end()) return false;
     for (const auto& in : cs.ins)
       if (in.original.storage().unsafeGetStorageImpl() == st) return false;
     seen.push_back(st);
-    o.strides = t.strides().vec();
+    fixed->outs[i].strides = t.strides().vec();
     return true;
-  };
-  for (size_t r = 0; r < nret; ++r) {
-    const c10::IValue& v = stack[rbase + r];
-    const int n = plan.ret_sizes[r];
-    if (n == LaunchPlan::kNone) {
-      if (!v.isNone()) return nullptr;
-    } else if (n == LaunchPlan::kSingle) {
-      if (!v.isTensor() || !take(v.toTensor())) return nullptr;
-    } else {
-      if (!v.isTensorList()) return nullptr;
-      auto l = v.toTensorList();
-      if (static_cast<int>(l.size()) != n) return nullptr;
-      for (const at::Tensor& t : l)
-        if (!take(t)) return nullptr;
-    }
-  }
-  if (next != fixed->outs.size()) return nullptr;
-  return fixed;
+  });
+  return ok ? fixed : nullptr;
 }
 
 // After a functional kernel ran on the worker: its results (the stack, returns flattened in order) land in
