@@ -166,25 +166,36 @@ def test_signatures_and_memory_stats_are_the_general_paths() -> None:
     assert torch.neuron.memory_allocated() == base
 
 
+def _launched_behind_a_sleep(launch: Callable[[], object]) -> tuple[object, int, list[str]]:
+    """Runs ``launch`` behind a 200 ms device sleep with the recorder on: what it returned, how many
+    launches were still queued when it returned (the sleep included), and the sync events recorded."""
+    torch.neuron.synchronize()
+    recorder.start()
+    try:
+        torch.neuron._sleep(200)
+        out = launch()
+        enqueued, completed = C.stream_counts(0, 0)
+        torch.neuron.synchronize()
+    finally:
+        recorder.stop()
+    syncs = [e.name for e in recorder.read().events if e.kind == "sync"]
+    recorder.clear()
+    return out, enqueued - completed, syncs
+
+
 def test_a_pointwise_op_writing_one_of_its_inputs_launches_without_a_host_wait() -> None:
     # the foreach kernels' in-place loops call mul.out(x, s, out=x): full overlap, no host path
     xs = [torch.ones(64, 64, device="neuron") for _ in range(3)]
     torch._foreach_mul_(xs, 1.0)  # the first launch of each plan is checked on the host
     torch.mul(xs[0], 1.0, out=xs[0])
-    torch.neuron.synchronize()
-    recorder.start()
-    try:
-        torch.neuron._sleep(200)
+
+    def launch() -> None:
         torch._foreach_mul_(xs, 3.0)
         torch.mul(xs[0], 2.0, out=xs[0])
-        queued = C.stream_counts(0, 0)
-        torch.neuron.synchronize()
-    finally:
-        recorder.stop()
-    events = recorder.read().events
-    recorder.clear()
-    assert queued[0] - queued[1] == 5  # the sleep, three foreach muls and the out= mul, all queued
-    assert [e.name for e in events if e.kind == "sync"] == ["sync: torch.neuron.synchronize()"]
+
+    _, queued, syncs = _launched_behind_a_sleep(launch)
+    assert queued == 5  # the sleep, three foreach muls and the out= mul, all queued
+    assert syncs == ["sync: torch.neuron.synchronize()"]
     assert xs[0].cpu().unique().tolist() == [6.0] and xs[2].cpu().unique().tolist() == [3.0]
 
 
@@ -203,18 +214,9 @@ def test_a_kernel_whose_layout_differs_from_its_meta_kernels_launches_with_the_c
         return torch.ops.aten.convolution(xn, wn, bn, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
 
     conv()  # the first launch runs on the host and checks the plan
-    torch.neuron.synchronize()
-    recorder.start()
-    try:
-        torch.neuron._sleep(200)
-        got = conv()
-        queued = C.stream_counts(0, 0)
-        torch.neuron.synchronize()
-    finally:
-        recorder.stop()
-    events = recorder.read().events
-    recorder.clear()
-    assert queued[0] - queued[1] == 2  # the sleep and the convolution, both queued
-    assert [e.name for e in events if e.kind == "sync"] == ["sync: torch.neuron.synchronize()"]
+    got, queued, syncs = _launched_behind_a_sleep(conv)
+    assert isinstance(got, torch.Tensor)
+    assert queued == 2  # the sleep and the convolution, both queued
+    assert syncs == ["sync: torch.neuron.synchronize()"]
     assert got.stride() == want.stride() == (2048, 1, 128, 8)
     assert torch.equal(got.cpu(), want)

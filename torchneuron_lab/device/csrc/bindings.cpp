@@ -494,13 +494,7 @@ void init_module(py::module& m) {
         ev.engine = Engine::Scalar;
         ev.device = static_cast<int8_t>(d);
         ev.name_id = l.name_id;
-        ev.start_ns = t0;
-        ev.end_ns = now_ns();
-        ev.stream = stream;
-        ev.host_start_ns = l.host_start_ns;
-        ev.host_end_ns = l.host_end_ns;
-        ev.correlation = l.id;
-        push_event_from(ev, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+        push_launched_event(ev, t0, now_ns(), stream, l);
       }
     };
     py::gil_scoped_release nogil;

@@ -113,15 +113,9 @@ struct HostKernel {
         e.device = static_cast<int8_t>(dev);
         e.name_id = nid;
         e.subgraph = subgraph;
-        e.start_ns = t0;
-        e.end_ns = t1;
         e.bytes_read = read;
         e.bytes_written = written;
-        e.stream = stream;
-        e.host_start_ns = l.host_start_ns;
-        e.host_end_ns = l.host_end_ns;
-        e.correlation = l.id;
-        push_event_from(e, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+        push_launched_event(e, t0, t1, stream, l);
       }
     };
     py::gil_scoped_release no_gil;  // a full queue makes the host wait

@@ -1089,16 +1089,7 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
       throw;
     }
     const int64_t t1 = now_ns();
-    if (rec && recording()) {
-      EventRecord e = ev;
-      e.start_ns = t0;
-      e.end_ns = t1;
-      e.stream = stream;
-      e.host_start_ns = l.host_start_ns;
-      e.host_end_ns = l.host_end_ns;
-      e.correlation = l.id;
-      push_event_from(e, l.thread, with_stack_enabled() ? l.stack : kNoStack);
-    }
+    if (rec && recording()) push_launched_event(ev, t0, t1, stream, l);
   };
   enqueue(std::move(w));
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
@@ -1531,12 +1522,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         d.copy_(s);
       }
       if (rec && recording()) {
-        EventRecord ev = dma_event(dname, dir, dev, t0, now_ns(), bytes);
-        ev.stream = stream;
-        ev.host_start_ns = l.host_start_ns;
-        ev.host_end_ns = l.host_end_ns;
-        ev.correlation = l.id;
-        push_event_from(ev, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+        const int64_t t1 = now_ns();
+        push_launched_event(dma_event(dname, dir, dev, t0, t1, bytes), t0, t1, stream, l);
       }
     };
     enqueue(std::move(w));
@@ -1869,16 +1856,7 @@ bool try_fast_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
                     std::to_string(stream) + ", emulated NeuronCore, host kernels)");
       throw;
     }
-    if (rec && recording()) {
-      EventRecord e = ev;
-      e.start_ns = t0;
-      e.end_ns = now_ns();
-      e.stream = stream;
-      e.host_start_ns = l.host_start_ns;
-      e.host_end_ns = l.host_end_ns;
-      e.correlation = l.id;
-      push_event_from(e, l.thread, with_stack_enabled() ? l.stack : kNoStack);
-    }
+    if (rec && recording()) push_launched_event(ev, t0, now_ns(), stream, l);
   };
   enqueue(std::move(w));
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());

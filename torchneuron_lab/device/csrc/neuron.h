@@ -222,6 +222,9 @@ int new_stream(int device, int priority);
 int pool_stream(int device, bool high_priority);
 int stream_priority(int device, int stream);
 void check_stream(int device, int stream);
+// Records a kernel that ran from start_ns to end_ns on `stream` for launch `l`: its device span, the launch's
+// host span and correlation id, and the launch's Python stack when stacks are recorded.
+void push_launched_event(EventRecord ev, int64_t start_ns, int64_t end_ns, int stream, const Launch& l);
 // Begins a launch on the host: stamps the id, start time and launch site.
 Launch begin_launch(int32_t name_id);
 // Enqueues `w` (stamps host_end_ns); returns the stream position it takes (1-based).

@@ -423,6 +423,16 @@ void add_internal_path(const std::string& dir) {
     g_internal_dirs.push_back(dir);
 }
 
+void push_launched_event(EventRecord ev, int64_t start_ns, int64_t end_ns, int stream, const Launch& l) {
+  ev.start_ns = start_ns;
+  ev.end_ns = end_ns;
+  ev.stream = stream;
+  ev.host_start_ns = l.host_start_ns;
+  ev.host_end_ns = l.host_end_ns;
+  ev.correlation = l.id;
+  push_event_from(ev, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+}
+
 Launch begin_launch(int32_t name_id) {
   Launch l;
   l.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
