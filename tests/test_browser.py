@@ -165,7 +165,33 @@ def _wait_for(page: Any, predicate: Any, what: str, timeout_s: float = 30) -> di
         if predicate(state):
             return state
         page.wait_for_timeout(250)
-    raise AssertionError(f"{what}: x axis stayed {state['range']} (meta {state['meta']}); plot {_plot_state(page)}")
+    raise AssertionError(f"{what}: x axis stayed {state['range']} (meta {state['meta']}); plot {_plot_state(page)}; "
+                         f"plotly events {_plotly_events(page)}")
+
+
+_LOG_PLOTLY_EVENTS = """() => { const gd = document.querySelector('.tnl-timeline:not(.tnl-async) .js-plotly-plot');
+    window.__tnlEvents = [];
+    const keep = (name, e) => {
+        let body;
+        const axes = o => o && Object.fromEntries(Object.entries(o).filter(([k]) => k !== 'meta' && k !== 'shapes'
+                                                                            && k !== 'annotations'));
+        try { body = JSON.stringify(name === 'plotly_update' ? {layout: axes(e && e.layout), traces: e && e.data
+                ? Object.keys(e.data) : null} : e, (k, v) => Array.isArray(v) && v.length > 8 ? `[${v.length}]` : v); }
+        catch (err) { body = String(err); }
+        window.__tnlEvents.push(`${(performance.now() / 1e3).toFixed(3)} ${name} ${body}`.slice(0, 600));
+    };
+    for (const name of ['plotly_relayout', 'plotly_update', 'plotly_restyle', 'plotly_autosize', 'plotly_doubleclick'])
+        gd.on(name, e => keep(name, e));
+    keep('start', {x: gd._fullLayout.xaxis.range}); }"""
+
+
+def _plotly_events(page: Any) -> list[str]:
+    """The plotly events the first timeline emitted since :data:`_LOG_PLOTLY_EVENTS` was installed, with
+    their layout changes: the evidence of what moved the x axis (issue 9's intermittent [0, 1] range)."""
+    try:
+        return page.evaluate("() => window.__tnlEvents || []")
+    except Exception as exc:  # the page is gone: say so instead of hiding the first failure
+        return [f"unavailable: {exc}"]
 
 
 def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
@@ -323,6 +349,7 @@ def _check_timeline(page: Any, shot: Path) -> None:
     timeline.scroll_into_view_if_needed()
     drag = plot.locator(".nsewdrag").first.bounding_box()
     assert drag is not None
+    page.evaluate(_LOG_PLOTLY_EVENTS)
     full = _xaxis(page)
     x_end = float(full["meta"]["x_end"])
     assert full["range"][0] <= 0 and full["range"][1] >= x_end, full
@@ -333,7 +360,7 @@ def _check_timeline(page: Any, shot: Path) -> None:
     page.mouse.up()
     zoomed = _wait_for(page, lambda s: s["range"][1] - s["range"][0] < 0.5 * (full["range"][1] - full["range"][0]),
                        "drag-zoom did not narrow the view")
-    assert zoomed["range"][0] > 0 and zoomed["range"][1] < x_end, (zoomed, _plot_state(page))
+    assert zoomed["range"][0] > 0 and zoomed["range"][1] < x_end, (zoomed, _plot_state(page), _plotly_events(page))
     page.wait_for_timeout(1500)  # the kernel redraws the window's level of detail
     page.mouse.dblclick(drag["x"] + drag["width"] * 0.5, y)
     back = _wait_for(page, lambda s: s["range"][0] <= 0 and s["range"][1] >= x_end, "double-click did not zoom out")
@@ -341,6 +368,7 @@ def _check_timeline(page: Any, shot: Path) -> None:
     _wait_for(page, lambda s: s["meta"]["num_boxes"] == full["meta"]["num_boxes"]
               and s["meta"]["merged"] == full["meta"]["merged"], "zoom-out did not re-aggregate")
     assert back["range"][1] - back["range"][0] >= x_end
+    print("plotly events of the first timeline:", *_plotly_events(page), sep="\n  ")
 
 
 def _check_memory_and_subgraphs(page: Any, memory_shot: Path, subgraph_shot: Path) -> None:

@@ -220,3 +220,71 @@ def test_a_kernel_whose_layout_differs_from_its_meta_kernels_launches_with_the_c
     assert syncs == ["sync: torch.neuron.synchronize()"]
     assert got.stride() == want.stride() == (2048, 1, 128, 8)
     assert torch.equal(got.cpu(), want)
+
+
+def test_ops_whose_scalar_arguments_change_at_every_call_launch_without_a_host_wait() -> None:
+    # The optimizers' step sizes change at every step (AdamW: p.addcdiv_(m, d, value=-step_size), and the
+    # foreach form with a list of step sizes): a plan is per structure, not per scalar value, so only the
+    # first call of a structure is checked on the host.
+    g = torch.Generator().manual_seed(7)
+    cpu = [torch.randn(32, 32, generator=g) for _ in range(6)]
+    p, m, d, q, n, e = (t.to("neuron") for t in cpu)
+    d.abs_().add_(1)
+    e.abs_().add_(1)
+    cpu[2].abs_().add_(1)
+    cpu[5].abs_().add_(1)
+    p.addcdiv_(m, d, value=-0.5)
+    torch._foreach_addcdiv_([p, q], [m, n], [d, e], [-0.5, -0.25])
+    p.lerp_(m, 0.5)
+    cpu[0].addcdiv_(cpu[1], cpu[2], value=-0.5)
+    torch._foreach_addcdiv_([cpu[0], cpu[3]], [cpu[1], cpu[4]], [cpu[2], cpu[5]], [-0.5, -0.25])
+    cpu[0].lerp_(cpu[1], 0.5)
+    for step in range(1, 4):
+        size = 0.1 / (1 - 0.9**step)
+
+        def launch(size: float = size) -> None:
+            p.addcdiv_(m, d, value=-size)
+            torch._foreach_addcdiv_([p, q], [m, n], [d, e], [-size, -2 * size])
+            p.lerp_(m, size)
+
+        _, queued, syncs = _launched_behind_a_sleep(launch)
+        assert syncs == ["sync: torch.neuron.synchronize()"], (step, syncs)
+        assert queued == 5, step  # the sleep, addcdiv_, the foreach op's two addcdiv_, lerp_: none waited
+        cpu[0].addcdiv_(cpu[1], cpu[2], value=-size)
+        torch._foreach_addcdiv_([cpu[0], cpu[3]], [cpu[1], cpu[4]], [cpu[2], cpu[5]], [-size, -2 * size])
+        cpu[0].lerp_(cpu[1], size)
+        assert torch.equal(p.cpu(), cpu[0]) and torch.equal(q.cpu(), cpu[3]), step  # each call used its own value
+
+
+def test_a_scalar_value_the_meta_kernel_rejects_raises_at_once_and_leaves_the_op_launchable() -> None:
+    x = torch.arange(16, dtype=torch.int64).reshape(4, 4)
+    xn = x.to("neuron")
+    assert torch.equal(torch.pow(xn, 2).cpu(), torch.pow(x, 2))
+    assert torch.equal(torch.pow(xn, 3).cpu(), torch.pow(x, 3))
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers are not allowed"):
+        torch.pow(x, -1)
+    with pytest.raises(RuntimeError, match="Integers to negative integer powers are not allowed"):
+        torch.pow(xn, -1)  # at the call, as on CPU: not later, at a synchronisation point
+    got, queued, syncs = _launched_behind_a_sleep(lambda: torch.pow(xn, 2))
+    assert queued == 2 and syncs == ["sync: torch.neuron.synchronize()"]
+    assert torch.equal(got.cpu(), torch.pow(x, 2))
+    # a float16 fill beyond float16's range: CPU's overflow check, at the call
+    h = torch.zeros(4, dtype=torch.float16, device="neuron")
+    h.fill_(2.0)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch.zeros(4, dtype=torch.float16).fill_(1e6)
+    with pytest.raises(RuntimeError, match="without overflow"):
+        h.fill_(1e6)
+    assert h.cpu().tolist() == [2.0] * 4
+
+
+def test_scalar_arguments_that_decide_the_shape_still_make_their_own_shapes() -> None:
+    # arange's Scalar end decides its size (its out= kernel resizes: the host path): a plan keyed by the
+    # Scalars' types must never hand one end's size to another
+    for end in (5.0, 9.0, 5.0, 2.5, 12.0, 7.0):
+        got = torch.arange(0.0, end, 1.0, device="neuron")
+        want = torch.arange(0.0, end, 1.0)
+        assert got.shape == want.shape and got.dtype == want.dtype and torch.equal(got.cpu(), want), end
+    for end in (3.0, 6.0):  # and a launched op whose Scalar changes, between them
+        x = torch.full((4,), end, device="neuron")
+        assert x.cpu().tolist() == [end] * 4

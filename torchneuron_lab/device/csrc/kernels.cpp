@@ -46,6 +46,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <mutex>
 #include <shared_mutex>
@@ -73,6 +74,9 @@ struct OpMeta {
   bool view_only = false;  // every return aliases an input and nothing is written: no kernel runs
   bool sync = false;       // output shape depends on device data: the host waits
   bool allow_cpu_tensors = false;
+  // Arguments of schema type Scalar, Scalar? or Scalar[] (bit i: argument i): a plan is keyed by their
+  // types, not their values (an optimizer's step size changes at every call; see LaunchPlan).
+  uint64_t number_args = 0;
   bool rng_without_generator = false;  // seeded-random op with no Generator argument (e.g. native_dropout)
   // Asynchronous launch (queue.cpp): every return is a Tensor, Tensor[] or Tensor? (a value return needs
   // the data: the host waits); `out_op` is the op's out= variant whose CPU kernel writes straight into
@@ -233,6 +237,10 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
         (kind == c10::TypeKind::OptionalType &&
          t->castRaw<c10::OptionalType>()->getElementType()->kind() == c10::TypeKind::GeneratorType))
       m.gen_args.push_back(static_cast<int>(i));
+    c10::TypePtr elem = t;
+    if (kind == c10::TypeKind::OptionalType) elem = t->castRaw<c10::OptionalType>()->getElementType();
+    else if (kind == c10::TypeKind::ListType) elem = t->castRaw<c10::ListType>()->getElementType();
+    if (elem->kind() == c10::TypeKind::NumberType && i < 64) m.number_args |= uint64_t{1} << i;
     if (args[i].alias_info() && args[i].alias_info()->isWrite()) {
       m.write_args[i] = true;
       m.any_write = true;
@@ -559,9 +567,21 @@ void record_arg_shapes(const CallState& cs, EventRecord& ev) {
 // cached: the Meta kernels of many ops are Python (torch._meta_registrations, ~100 us a call), and
 // output metadata depends only on the arguments' metadata and values of non-tensor arguments, which
 // make the key (with the aliasing pattern of the arguments).
+//
+// Scalar arguments (schema type Scalar) are keyed by type, not value: their values change output metadata
+// only where they decide a size (arange's end), and an optimizer passes a new step size at every call
+// (`p.addcdiv_(m, d, value=-step_size)`, the foreach form's list of step sizes), which would make every
+// call a new key, checked on the host with a wait. A plan remembers the values it was made with (`vals`);
+// a call with other values runs the Meta kernel again (it raises a value's error at once, e.g. an integer
+// to a negative power, and finds a size a value decides) but is not checked against the CPU kernel again
+// once its structure was (`confirmed`): that check is about the op and its arguments' metadata.
 struct LaunchPlan {
   static constexpr int kNone = -2, kSingle = -1;
   bool host_path = false;        // results need the data (or the Meta kernel failed): run on the host
+  bool meta_failed = false;      // host_path because the Meta kernel failed for `vals` (another may not)
+  bool confirmed = false;        // a plan of this key matched the CPU kernel's results
+  bool cpu_strides = false;      // outs took the CPU kernel's strides (plan_with_cpu_strides)
+  std::vector<int64_t> vals;     // the Scalar arguments' values (bits) this plan was made with
   std::vector<int> ret_sizes;    // per return: kNone, kSingle, or the length of a Tensor[]
   struct Out {
     enum Kind : uint8_t { Undefined, Input, New } kind = Undefined;
@@ -591,7 +611,7 @@ std::shared_ptr<const LaunchPlan> find_plan(const std::vector<int64_t>& key) {
 void store_plan(std::vector<int64_t> key, std::shared_ptr<const LaunchPlan> plan) {
   std::lock_guard<std::mutex> lock(g_plans_mu);
   if (g_plans.size() >= kMaxPlans) g_plans.clear();  // a bound, not an LRU: plans are cheap to remake
-  g_plans.emplace(std::move(key), std::move(plan));
+  g_plans.insert_or_assign(std::move(key), std::move(plan));
 }
 
 void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& k) {
@@ -623,12 +643,76 @@ void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& 
 }
 
 // The cache key of a launch, or false for arguments it does not describe (then no cache).
-bool plan_key(const c10::FunctionSchema& schema, const torch::jit::Stack& stack, size_t base, size_t nargs,
-              const CallState& cs, std::vector<int64_t>& k) {
+// A Scalar argument in a plan key: its type goes to the key `k`; the value's bits go to `vals` when the value
+// cannot meet a check only the CPU kernel makes (`floats`: every tensor argument is floating or complex,
+// and the value is a float no floating dtype overflows on), else to the key as before. Integers keep their
+// values in the key: CPU kernels check them at run time where Meta kernels do not (an integer tensor to a
+// negative power, a fill that overflows int8), and those errors are raised at the call, as CPU's are.
+// False for complex or symbolic values (not cached).
+bool key_number(const c10::IValue& x, bool floats, std::vector<int64_t>& k, std::vector<int64_t>& vals) {
+  if (x.isNone()) {
+    k.push_back(0);
+  } else if (x.isDouble()) {
+    const double d = x.toDouble();
+    int64_t bits;
+    std::memcpy(&bits, &d, sizeof bits);
+    const bool free_value = floats && (!std::isfinite(d) || std::abs(d) <= 65504.0);  // float16's largest
+    k.push_back(free_value ? 2 : 4);
+    (free_value ? vals : k).push_back(bits);
+  } else if (x.isInt()) {
+    k.push_back(1);
+    k.push_back(x.toInt());
+  } else if (x.isBool()) {
+    k.push_back(3);
+    k.push_back(x.toBool() ? 1 : 0);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool floating_tensor(const at::Tensor& t) {
+  if (!t.defined()) return true;
+  switch (t.scalar_type()) {
+    case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16:
+    case at::kComplexFloat: case at::kComplexDouble: case at::kComplexHalf:
+      return true;
+    default:
+      return false;  // integers, bool, float8 (448 overflows e4m3fn)
+  }
+}
+
+bool plan_key(const c10::FunctionSchema& schema, const OpMeta& meta, const torch::jit::Stack& stack, size_t base,
+              size_t nargs, const CallState& cs, std::vector<int64_t>& k, std::vector<int64_t>& vals) {
   k.reserve(32);
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&schema)));
+  bool floats = true;  // every tensor argument floating or complex (see key_number)
+  if (meta.number_args)
+    for (size_t i = 0; i < nargs && floats; ++i) {
+      const c10::IValue& v = stack[base + i];
+      if (v.isTensor()) {
+        floats = floating_tensor(v.toTensor());
+      } else if (v.isTensorList()) {
+        for (const at::Tensor& t : v.toTensorList()) floats = floats && floating_tensor(t);
+      } else if (v.isOptionalTensorList()) {
+        for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
+          floats = floats && (!t.has_value() || floating_tensor(*t));
+      }
+    }
   for (size_t i = 0; i < nargs; ++i) {
     const c10::IValue& v = stack[base + i];
+    if (i < 64 && (meta.number_args >> i & 1) && !v.isTensor()) {
+      k.push_back(-116);
+      if (v.isList()) {  // Scalar[]: every typed list is a list here
+        const auto l = v.toListRef();
+        k.push_back(static_cast<int64_t>(l.size()));
+        for (const c10::IValue& x : l)
+          if (!key_number(x, floats, k, vals)) return false;
+      } else if (!key_number(v, floats, k, vals)) {
+        return false;
+      }
+      continue;
+    }
     if (v.isTensor()) {
       k.push_back(-101);
       key_tensor(v.toTensor(), cs, k);
@@ -707,11 +791,13 @@ bool plan_key(const c10::FunctionSchema& schema, const torch::jit::Stack& stack,
 }
 
 // Runs the op's Meta kernel on meta twins of the arguments and records what the launch produces.
-std::shared_ptr<const LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMeta& meta,
-                                            const torch::jit::Stack& stack, size_t base, size_t nargs,
-                                            const CallState& cs) {
+std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMeta& meta,
+                                      const torch::jit::Stack& stack, size_t base, size_t nargs,
+                                      const CallState& cs, const std::vector<int64_t>& vals) {
   auto plan = std::make_shared<LaunchPlan>();
   plan->host_path = true;
+  plan->meta_failed = true;  // until the Meta kernel's results are understood
+  plan->vals = vals;
   std::vector<std::pair<c10::StorageImpl*, c10::Storage>> mstorages;
   c10::SmallVector<std::pair<at::Tensor, size_t>, 6> twins;  // meta twin, index into cs.ins
   auto twin_of = [&](const at::Tensor& t) -> at::Tensor {
@@ -804,6 +890,7 @@ std::shared_ptr<const LaunchPlan> make_plan(const c10::OperatorHandle& op, const
     }
   }
   plan->host_path = false;
+  plan->meta_failed = false;
   return plan;
 }
 
@@ -812,7 +899,7 @@ std::shared_ptr<const LaunchPlan> make_plan(const c10::OperatorHandle& op, const
 // arguments returned) must be the plan's; a Meta kernel that disagrees with the CPU's (native_batch_norm's
 // saved statistics in eval mode, embedding_bag's offsets) keeps its key on the host path for good.
 struct PendingPlan {
-  std::shared_ptr<const LaunchPlan> plan;
+  std::shared_ptr<LaunchPlan> plan;
   std::vector<int64_t> key;
 };
 
@@ -872,9 +959,10 @@ bool plan_matches(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t
 // for CPU expect). When the first launch's results differ from the plan only in strides (same returns,
 // sizes, dtypes, aliasing, distinct fresh dense storages at offset 0), the plan takes the CPU kernel's
 // strides: a kernel's layout choice depends on its arguments' metadata, which the plan key holds.
-std::shared_ptr<const LaunchPlan> plan_with_cpu_strides(const LaunchPlan& plan, const torch::jit::Stack& stack,
+std::shared_ptr<LaunchPlan> plan_with_cpu_strides(const LaunchPlan& plan, const torch::jit::Stack& stack,
                                                         size_t rbase, size_t nret, const CallState& cs) {
   auto fixed = std::make_shared<LaunchPlan>(plan);
+  fixed->cpu_strides = true;
   std::vector<const c10::StorageImpl*> seen;
   const bool ok = walk_results(plan, stack, rbase, nret, [&](const at::Tensor& t, size_t i, const LaunchPlan::Out& o) {
     if (!same_kind(t, o, cs)) return false;
@@ -950,20 +1038,53 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
       if (cs.ins[k].alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return static_cast<int>(k);
     return -1;
   };
-  static thread_local std::vector<int64_t> key;  // reused: no allocation per launch
+  static thread_local std::vector<int64_t> key, vals;  // reused: no allocation per launch
   key.clear();
-  const bool keyed = plan_key(schema, *stack, base, nargs, cs, key);
+  vals.clear();
+  const bool keyed = plan_key(schema, meta, *stack, base, nargs, cs, key, vals);
   std::shared_ptr<const LaunchPlan> plan = keyed ? find_plan(key) : nullptr;
   if (!plan) {
-    plan = make_plan(op, meta, *stack, base, nargs, cs);
+    auto made = make_plan(op, meta, *stack, base, nargs, cs, vals);
     if (!keyed) return false;  // nothing to remember it by: the host path, always
-    if (plan->host_path) {
-      store_plan(key, plan);
+    if (made->host_path) {
+      store_plan(key, std::move(made));
     } else {
-      pending->plan = plan;  // checked against the CPU kernel by this (host path) launch
+      pending->plan = std::move(made);  // checked against the CPU kernel by this (host path) launch
       pending->key = key;
     }
     return false;
+  }
+  if (plan->vals != vals && (plan->meta_failed || !plan->host_path)) {
+    // Other Scalar values: the Meta kernel sees them (a value's error is raised at once, on the host path,
+    // by the CPU kernel; a size a value decides is found), the CPU check of the structure holds.
+    auto made = make_plan(op, meta, *stack, base, nargs, cs, vals);
+    if (made->host_path) {
+      // the host path raises the value's error (a checked plan stays: the next valid value uses it)
+      if (plan->host_path) store_plan(key, std::move(made));
+      return false;
+    }
+    made->confirmed = plan->confirmed;
+    auto same_but_strides = [](const LaunchPlan& a, const LaunchPlan& b) {
+      if (a.ret_sizes != b.ret_sizes || a.outs.size() != b.outs.size()) return false;
+      for (size_t i = 0; i < a.outs.size(); ++i)
+        if (a.outs[i].kind != b.outs[i].kind || a.outs[i].input != b.outs[i].input ||
+            a.outs[i].sizes != b.outs[i].sizes || a.outs[i].dtype != b.outs[i].dtype)
+          return false;
+      return true;
+    };
+    if (!plan->host_path && same_but_strides(*made, *plan)) {
+      auto again = std::make_shared<LaunchPlan>(*plan);  // the checked outs (CPU strides kept), new values
+      again->vals = vals;
+      store_plan(key, again);
+      plan = std::move(again);
+    } else if (made->confirmed && !plan->cpu_strides) {
+      store_plan(key, made);
+      plan = std::move(made);
+    } else {
+      pending->plan = std::move(made);
+      pending->key = key;
+      return false;
+    }
   }
   if (plan->host_path) return false;
 
@@ -1333,8 +1454,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   }
   if (pending.plan) {
     if (plan_matches(*pending.plan, *stack, rbase, nret, cs)) {
+      pending.plan->confirmed = true;
       store_plan(std::move(pending.key), pending.plan);
     } else if (auto cpu_layout = plan_with_cpu_strides(*pending.plan, *stack, rbase, nret, cs)) {
+      cpu_layout->confirmed = true;
       store_plan(std::move(pending.key), std::move(cpu_layout));
     } else {
       auto host = std::make_shared<LaunchPlan>();

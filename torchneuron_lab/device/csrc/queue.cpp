@@ -15,6 +15,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <c10/util/Exception.h>
 
+#include <dlfcn.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -164,6 +165,34 @@ void note_error(StreamQueue& s, const Work& w, const std::string& what, ErrorCla
 // Kernels a worker takes from its queue under one lock (fewer lock round trips with the launching host).
 constexpr size_t kWorkerBatch = 64;
 
+// OpenMP thread pools. libgomp gives every thread that starts a parallel region its own pool of helper
+// threads, kept after the region, and spins a helper between regions only while the helpers of all pools
+// (libgomp's "managed threads") do not outnumber the CPUs; otherwise each region pays a futex sleep and
+// wake-up per helper. A worker's pool next to the host thread's pool outnumbers 2 CPUs: every CPU kernel of
+// the process -- the user's CPU code too -- then ran up to 1.7x slower (issue 12's encoder step: 9.3 ms on
+// CPU alone, 15.9 ms once a neuron kernel had run). OpenMP 5's omp_pause_resource_all(omp_pause_soft)
+// makes libgomp end the calling thread's pool (the next region starts a new one), so the worker ends its
+// pool when it has been idle kIdleReleaseMs, and a host thread ends its own (made by its CPU ops) at a
+// launch, at most every kHostReleaseNs. Thread counts per region stay torch's: results do not change.
+// libgomp is the one torch loaded (found by soname, never loaded here); without it this does nothing.
+constexpr int kIdleReleaseMs = 20;
+constexpr int64_t kHostReleaseNs = 50'000'000;
+using OmpPauseAll = int (*)(int);
+using OmpInParallel = int (*)();
+
+void shrink_omp_pool() {
+  static const auto fns = []() -> std::pair<OmpPauseAll, OmpInParallel> {
+    void* h = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (h == nullptr) return {nullptr, nullptr};
+    return {reinterpret_cast<OmpPauseAll>(dlsym(h, "omp_pause_resource_all")),
+            reinterpret_cast<OmpInParallel>(dlsym(h, "omp_in_parallel"))};
+  }();
+  if (fns.first == nullptr || fns.second == nullptr || fns.second()) return;
+  fns.first(1);  // omp_pause_soft: this thread's pool threads exit
+}
+
+thread_local int64_t tls_pool_shrunk_ns = 0;  // a host thread's last shrink
+
 void worker_main(StreamQueue* s) {
   // Named as a device engine, so top/perf/py-spy tell the emulated device's work from the host's.
   const std::string tname = "neuron" + std::to_string(s->device) + ":s" + std::to_string(s->id);
@@ -175,6 +204,7 @@ void worker_main(StreamQueue* s) {
   std::vector<Work> batch;
   batch.reserve(kWorkerBatch);
   std::vector<std::function<void(const Launch&)>> spent;  // handed to the host at the batch's end
+  bool pool_used = false;  // kernels ran since this worker last shrank its OpenMP pool
   for (;;) {
     // A host launching a burst of small kernels enqueues one every few microseconds: spin briefly before
     // sleeping, so each launch does not pay a futex sleep and wake-up of the worker (a device's queue is
@@ -187,7 +217,15 @@ void worker_main(StreamQueue* s) {
     uint64_t epoch;
     {
       std::unique_lock<std::mutex> lock(s->mu);
-      s->cv_work.wait(lock, [&] { return !s->queue.empty(); });
+      auto work = [&] { return !s->queue.empty(); };
+      if (pool_used && !s->cv_work.wait_for(lock, std::chrono::milliseconds(kIdleReleaseMs), work)) {
+        lock.unlock();
+        shrink_omp_pool();  // idle: give the CPUs back to the host's CPU kernels
+        pool_used = false;
+        lock.lock();
+      }
+      s->cv_work.wait(lock, work);
+      pool_used = true;
       while (!s->queue.empty() && batch.size() < kWorkerBatch) {
         batch.push_back(std::move(s->queue.front()));
         s->queue.pop_front();
@@ -446,16 +484,23 @@ Launch begin_launch(int32_t name_id) {
 uint64_t enqueue(Work w) {
   StreamQueue& s = stream_of(w.device, w.stream);
   uint64_t pos;
+  bool shrink = false;
   for (;;) {
     uint64_t need = 0;
     {
       std::lock_guard<std::mutex> lock(s.mu);
       // A bounded launch queue, as a real device's: a host that runs ahead by kMaxQueued launches waits
       // (a recorded host stall: the region is device-bound) instead of queueing without limit.
+      // It waits until half the queue has run, not for one slot: one wake-up per kMaxQueued / 2 kernels
+      // instead of one per kernel (each would take a core from the kernels running on the worker).
       if (tls_worker_stream < 0 && s.enqueued >= kMaxQueued && s.completed < s.enqueued - kMaxQueued + 1) {
-        need = s.enqueued - kMaxQueued + 1;
+        need = s.enqueued - kMaxQueued / 2;
       } else {
         w.launch.host_end_ns = now_ns();
+        if (tls_worker_stream < 0 && w.launch.host_end_ns - tls_pool_shrunk_ns > kHostReleaseNs) {
+          tls_pool_shrunk_ns = w.launch.host_end_ns;
+          shrink = true;
+        }
         pos = ++s.enqueued;
         s.launched.store(pos, std::memory_order_release);
         s.queue.push_back(std::move(w));
@@ -470,6 +515,7 @@ uint64_t enqueue(Work w) {
   }
   tls_reaped.clear();
   s.cv_work.notify_one();
+  if (shrink) shrink_omp_pool();  // this host thread's CPU kernels made a pool: the device's kernels run now
   if (launch_blocking() && tls_worker_stream < 0) {
     wait_on(s, pos, "launch blocking");
     raise_async_error(s.device);
