@@ -529,3 +529,27 @@ def test_host_code_does_not_take_a_block_another_thread_freed_with_kernels_pendi
     assert seen["pending"] and result.data_ptr() != seen["z"]
     torch.neuron.synchronize()
     assert torch.equal(result.cpu(), torch.ones(n))
+
+
+def test_a_full_launch_queue_waits_once_until_half_of_it_has_run() -> None:
+    # a host 1024 launches ahead waits (a recorded stall) until half the queue has run, not for one slot:
+    # one wake-up per 512 kernels instead of one per kernel
+    from torchneuron_lab.device import recorder
+
+    x = torch.zeros(8, device="neuron")
+    torch.neuron.synchronize()
+    recorder.start()
+    try:
+        torch.neuron._sleep(100)  # holds the queue
+        for _ in range(1100):
+            x.add_(1)
+        enqueued, completed = C.stream_counts(0, 0)
+        torch.neuron.synchronize()
+    finally:
+        recorder.stop()
+    waits = [e for e in recorder.read().events if e.kind == "sync" and e.name == "sync: launch queue full"]
+    recorder.clear()
+    assert len(waits) == 1
+    assert waits[0].dur_ns >= 50_000_000  # it waited for the sleep
+    assert completed >= enqueued - 1101 + 512 and enqueued - completed <= 1101 - 512
+    assert x.cpu().tolist() == [1100.0] * 8
