@@ -723,3 +723,21 @@ def test_timeline_sources_are_notebook_cells_in_ipython_without_the_extension(mo
     assert F.event_details(mul)["source"] == f"cell [{n}], line 4"
     w = TimelineWidget(trace)
     assert w.select(trace.events.index(mul))["event"]["source"] == f"cell [{n}], line 4"
+
+
+def test_a_zoom_redraw_states_its_range_to_the_browser() -> None:
+    # The browser reports a zoom; the kernel redraws the window and must state the range it drew for in
+    # what it sends back. plotly's Python side drops an unchanged value from its messages (the browser's
+    # own report already set it), and the update then carried `xaxis.autorange: false` without a range:
+    # the browser test once read x = [0, 1] after a drag-zoom (issue 9).
+    w = TimelineWidget(Trace(synth(20_000, seed=3)), max_boxes=2000)
+    end = w.axis.end_x
+    sent: list[dict] = []
+    w.figure._send_update_msg = lambda restyle_data, relayout_data, **k: sent.append(dict(relayout_data))
+    w.figure._send_relayout_msg = lambda layout_data, **k: sent.append(dict(layout_data))
+    w.figure.plotly_relayout({"xaxis.range[0]": end * 0.40, "xaxis.range[1]": end * 0.41})
+    assert w.window is not None
+    stated = [m for m in sent if "xaxis.range" in m]
+    assert stated, sent
+    assert stated[-1]["xaxis.range"] == pytest.approx([end * 0.40, end * 0.41])
+    assert stated[-1]["xaxis.autorange"] is False

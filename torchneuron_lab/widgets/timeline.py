@@ -110,6 +110,20 @@ def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping
             widget.layout[key] = value
 
 
+def state_layout(widget: go.FigureWidget, props: Mapping[str, Any]) -> None:
+    """Send layout ``props`` to the browser even if the widget's Python side holds them already.
+
+    plotly's Python side drops unchanged values from what it sends; after a zoom the browser's own report
+    has already set ``xaxis.range`` there, so a redraw's update carried ``xaxis.autorange: false`` without
+    the range it was drawn for, leaving the browser's axis to whatever it held (the browser test once read
+    x = [0, 1] after a drag-zoom). ``_send_relayout_msg`` is the widget's own Python -> browser message (a
+    private name; without it, nothing is sent beyond what plotly sends anyway).
+    """
+    send = getattr(widget, "_send_relayout_msg", None)
+    if callable(send):
+        send(dict(props))
+
+
 _WRAP = "white-space:normal;overflow-wrap:anywhere;vertical-align:top"
 _WRAP_WORDS = "white-space:normal;overflow-wrap:break-word;vertical-align:top"
 
@@ -329,6 +343,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             self.window = window  # nothing was merged and the ticks are plotly's: nothing to refine
             return
         self.redraw(window, {"xaxis.autorange": False, "xaxis.range": [x0, x1]})
+        state_layout(self.figure, {"xaxis.autorange": False, "xaxis.range": [x0, x1]})
 
     # -- clicks --------------------------------------------------------------------------------
     def _on_click(self, trace: Any, points: Any, selector: Any = None) -> None:
