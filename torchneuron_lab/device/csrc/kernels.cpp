@@ -642,7 +642,6 @@ void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& 
   if (group >= 0) k.push_back(static_cast<int64_t>(cs.ins[group].nbytes));
 }
 
-// The cache key of a launch, or false for arguments it does not describe (then no cache).
 // A Scalar argument in a plan key: its type goes to the key `k`; the value's bits go to `vals` when the value
 // cannot meet a check only the CPU kernel makes (`floats`: every tensor argument is floating or complex,
 // and the value is a float no floating dtype overflows on), else to the key as before. Integers keep their
@@ -682,6 +681,8 @@ bool floating_tensor(const at::Tensor& t) {
   }
 }
 
+// The cache key of a launch (`vals`: the Scalar values it leaves out, see LaunchPlan), or false for
+// arguments it does not describe (then no cache).
 bool plan_key(const c10::FunctionSchema& schema, const OpMeta& meta, const torch::jit::Stack& stack, size_t base,
               size_t nargs, const CallState& cs, std::vector<int64_t>& k, std::vector<int64_t>& vals) {
   k.reserve(32);
