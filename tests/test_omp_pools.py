@@ -36,15 +36,23 @@ torch.randn(1 << 21).add_(1)                      # a parallel CPU kernel: the m
 facts["main_after_cpu"] = named(main)
 x.add_(1)                                         # a launch: the main thread's pool ends
 facts["main_after_launch"] = named(main)
+def count_while_busy():
+    # the worker's kernels ran (the event) and it is still busy (the sleep): its pool is counted, not idle
+    done = torch.neuron.Event()
+    done.record()
+    torch.neuron._sleep(400)
+    done.synchronize()
+    n = named("neuron0:s0")
+    torch.neuron.synchronize()
+    return n
+
 for _ in range(19):
     x.add_(1)                                     # parallel kernels on the worker: its pool
-torch.neuron.synchronize()
-facts["worker_busy"] = named("neuron0:s0")
+facts["worker_busy"] = count_while_busy()
 time.sleep(0.5)                                   # idle > 20 ms: the worker's pool ends
 facts["worker_idle"] = named("neuron0:s0")
 x.add_(1)
-torch.neuron.synchronize()
-facts["worker_again"] = named("neuron0:s0")       # the next parallel kernel makes a new pool
+facts["worker_again"] = count_while_busy()        # the next parallel kernel made a new pool
 ref = x0.clone()
 for _ in range(21):
     ref.add_(1)
@@ -53,7 +61,7 @@ emit(facts)
 """,
         outcomes=True,
     )
-    assert facts["threads"] == 2
+    assert facts["threads"] == 2, facts
     assert facts["main_after_launch"] == facts["main_after_cpu"] - 1  # its one helper (regions of two) ended
     assert facts["worker_busy"] == 2  # the worker and its helper
     assert facts["worker_idle"] == 1
