@@ -52,10 +52,33 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def cpu_probe() -> float:
+    """Median ns of a fixed multi-threaded CPU workload (matmul, relu, sum: parallel regions)."""
+    a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    blocks = []
+    for _ in range(9):
+        t0 = time.perf_counter_ns()
+        for _ in range(20):
+            (a @ a).relu_().sum()
+        blocks.append(time.perf_counter_ns() - t0)
+    return float(sorted(blocks)[len(blocks) // 2]) / 20
+
+
+#: The CPU probe before the script's first neuron kernel (set by :func:`setup`). The CPU baselines of these
+#: scripts run in the same process as the device: Report.finish() probes again and bars the ratio, so a
+#: device that slows the process's CPU kernels (libgomp throttling every region once the device worker had
+#: an OpenMP pool: up to 3.8x, undetected for weeks) cannot flatter neuron again.
+_CPU_PROBE_BEFORE: float | None = None
+CPU_GUARD_BAR = 1.25
+
+
 def setup(args: argparse.Namespace) -> None:
+    global _CPU_PROBE_BEFORE
     torch.set_num_threads(args.threads)
     import torchneuron_lab  # noqa: F401  (registers the neuron device; builds the C++ core on first use)
 
+    cpu_probe()  # warm
+    _CPU_PROBE_BEFORE = cpu_probe()
     torch.manual_seed(0)
 
 
@@ -292,7 +315,22 @@ class Report:
     def failed_bars(self) -> list[str]:
         return [r["key"] for r in self.ratios + self.limits if r["pass"] is False]
 
+    def cpu_guard(self) -> None:
+        """Probe the CPU again (the device idle, as between a script's CPU blocks) and bar the ratio."""
+        if _CPU_PROBE_BEFORE is None:
+            return
+        if hasattr(torch, "neuron"):
+            torch.neuron.synchronize()  # type: ignore[attr-defined]
+        time.sleep(0.1)  # the device worker ends its idle OpenMP pool after 20 ms
+        after = cpu_probe()
+        ratio = after / _CPU_PROBE_BEFORE
+        print(f"CPU baseline guard: probe {_CPU_PROBE_BEFORE / 1e3:.1f} us before the first neuron kernel, "
+              f"{after / 1e3:.1f} us after the runs -> {ratio:.3f}x (bar <= {CPU_GUARD_BAR}) "
+              f"{'PASS' if ratio <= CPU_GUARD_BAR else 'FAIL: the device slows the CPU side'}")
+        self.limit("guard.cpu_baseline", "CPU probe after the neuron runs / before", ratio, "x", CPU_GUARD_BAR)
+
     def finish(self) -> int:
+        self.cpu_guard()
         failed = self.failed_bars()
         bars = [r for r in self.ratios + self.limits if r["bar"] is not None]
         if bars:

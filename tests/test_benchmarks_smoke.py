@@ -31,13 +31,13 @@ EXPECTED: dict[str, list[str]] = {
         RATIO.format(key=re.escape("eager.sum_1024x1024")) + "$",
         r"^COST recorder\.add_64x64\.record_shapes = [+-]\d+ ns/op",
         r"^COST recorder\.add_64x64\.with_stack = [+-]\d+ ns/op",
-        r"^BARS \d/2 pass",
+        r"^BARS \d/3 pass",
     ],
     "bench_training_step.py": [
         RATIO.format(key=re.escape("train.mlp_sgd")) + BAR,
         RATIO.format(key=re.escape("train.mlp_adamw")) + BAR,
         RATIO.format(key=re.escape("train.encoder_layer_adamw")) + "$",
-        r"^BARS \d/2 pass",
+        r"^BARS \d/3 pass",
     ],
     "bench_compile.py": [
         *(
@@ -58,7 +58,7 @@ EXPECTED: dict[str, list[str]] = {
             r"  \[compile time bar <= 1\.20x: (PASS|FAIL)\]$"
             for key in COMPILE_CASES
         ),
-        r"^BARS \d+/10 pass",
+        r"^BARS \d+/11 pass",
     ],
     "bench_profile_cost.py": [
         r"^READ read\.per_event\.with_stack = \d+\.\d{3} us/event",
@@ -78,7 +78,7 @@ EXPECTED: dict[str, list[str]] = {
         ),
         r"^COST recorder\.add_64x64\.record = [+-]\d+ ns/op",
         r"^COST recorder\.add_64x64\.with_stack = [+-]\d+ ns/op",
-        r"^BARS \d/3 pass",
+        r"^BARS \d/4 pass",
     ],
     "bench_async.py": [
         r"^LIMIT launch\.matmul1024\.host_over_device = \d+\.\d{3} x  \[bar <= 0\.10 x: (PASS|FAIL)\]$",
@@ -87,7 +87,7 @@ EXPECTED: dict[str, list[str]] = {
           for k in ("mlp", "encoder", "gpt2")),
         *(rf"^RATIO train\.{k}\.launch_blocking neuron_blocking/cpu = \d+\.\d{{3}}x$" for k in ("mlp", "encoder", "gpt2")),
         RATIO.format(key=re.escape("chain.add64")) + r"  \[bar <= 1\.50x: (PASS|FAIL)\]$",
-        r"^BARS \d/6 pass",
+        r"^BARS \d/7 pass",
     ],
     "bench_allocator.py": [
         r"^PAIR alloc_free\.empty_1024 neuron = \d+ ns/pair, cpu = \d+ ns/pair$",
@@ -119,14 +119,19 @@ def test_benchmark_quick_run(script: str, tmp_path: Path) -> None:
         assert re.search(pattern, proc.stdout, re.MULTILINE), (
             f"{script}: no line matching {pattern!r}\n{proc.stdout}"
         )
+    # the device must not slow the CPU side: every script probes the CPU before its first neuron kernel and
+    # after its runs, and bars the ratio (the class of the OpenMP-pool throttling that flattered neuron)
+    assert re.search(r"^CPU baseline guard: probe [0-9.]+ us before .*, [0-9.]+ us after the runs -> [0-9.]+x",
+                     proc.stdout, re.MULTILINE), proc.stdout
     doc = json.loads(out_json.read_text())
+    assert doc["limits"]["guard.cpu_baseline"] > 0
     assert doc["quick"] is True
     assert doc["threads"] >= 1
     # every printed ratio comes from the common Report and is in its JSON, and every expected ratio is printed
     ratio_keys = {m.group(1) for m in re.finditer(r"^RATIO (\S+) ", proc.stdout, re.MULTILINE)}
     assert ratio_keys and ratio_keys == set(doc["ratios"])
     assert all(v > 0 for v in doc["ratios"].values())
-    if re.search(r"^BARS ", proc.stdout, re.MULTILINE):  # scripts with bars (bench_allocator reports only)
+    if re.search(r"^BARS ", proc.stdout, re.MULTILINE):  # scripts with bars (all: at least the CPU baseline guard)
         assert doc["bars"] and all(isinstance(b["pass"], bool) for b in doc["bars"].values())
     else:
         assert not doc.get("bars")
