@@ -138,4 +138,8 @@ def test_benchmark_quick_run(script: str, tmp_path: Path) -> None:
     if script == "bench_compile.py":  # the compiled code computed what eager did, on both sides
         for key in COMPILE_CASES:
             diffs = doc["cases"][key]["compiled_vs_eager_max_rel_diff"]
-            assert set(diffs) == {"neuron", "inductor-cpu"} and max(diffs.values()) < 1e-4, (key, diffs)
+            # ours within float32 rounding of eager; Inductor-CPU's own kernels are the reference, not the
+            # subject: its elementwise chain is 1.8e-7 or 1.2e-4 from eager from run to run (seen 2 of 4 runs
+            # at the session-start commit too), so it only gets a sanity bound
+            assert set(diffs) == {"neuron", "inductor-cpu"}, (key, diffs)
+            assert diffs["neuron"] < 1e-4 and diffs["inductor-cpu"] < 1e-3, (key, diffs)
