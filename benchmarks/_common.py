@@ -319,8 +319,7 @@ class Report:
         """Probe the CPU again (the device idle, as between a script's CPU blocks) and bar the ratio."""
         if _CPU_PROBE_BEFORE is None:
             return
-        if hasattr(torch, "neuron"):
-            torch.neuron.synchronize()  # type: ignore[attr-defined]
+        sync_neuron()
         time.sleep(0.1)  # the device worker ends its idle OpenMP pool after 20 ms
         after = cpu_probe()
         ratio = after / _CPU_PROBE_BEFORE
