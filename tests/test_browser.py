@@ -137,6 +137,27 @@ def _demo_notebook(path: Path) -> None:
     nbformat.write(nb, path)
 
 
+def _keep_lane_failure(page: Any) -> None:
+    """The evidence of a timeline whose lanes never showed: what plotly.js holds, the tick labels drawn, the
+    widget's DOM, and a picture of the timeline itself (the page's own scroller hides it from a full-page one)."""
+    page.screenshot(path=str(ARTIFACTS / "browser_failed.png"), full_page=True)
+    try:
+        print("first timeline, plotly state:", _plot_state(page))
+        print("first timeline, DOM:", page.evaluate(
+            """() => [...document.querySelectorAll('.tnl-timeline')].map(el => {
+                   const gd = el.querySelector('.js-plotly-plot');
+                   return {cls: el.className, height: el.getBoundingClientRect().height,
+                           plots: el.querySelectorAll('.js-plotly-plot').length,
+                           yticks: gd ? [...gd.querySelectorAll('.ytick text')].map(t => t.textContent) : null,
+                           bars: gd ? gd.querySelectorAll('.point, .trace').length : null,
+                           text: el.innerText.slice(0, 300)}; })"""))
+        timeline = page.locator(".tnl-timeline:not(.tnl-async)").first
+        timeline.scroll_into_view_if_needed(timeout=5_000)
+        timeline.screenshot(path=str(ARTIFACTS / "browser_failed_timeline.png"), timeout=10_000)
+    except Exception as exc:  # keep the first failure the one reported
+        print("could not keep the timeline's state:", exc)
+
+
 def _xaxis(page: Any) -> dict[str, Any]:
     """The timeline's x range, autorange flag and the figure's meta, from plotly's own state."""
     return page.evaluate(
@@ -258,7 +279,7 @@ def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
                         "'.tnl-timeline:not(.tnl-async) .js-plotly-plot .ytick text')]"
                         ".some(t => t.textContent === 'host')", timeout=120_000)
                 except PlaywrightTimeoutError:
-                    page.screenshot(path=str(ARTIFACTS / "browser_failed.png"), full_page=True)
+                    _keep_lane_failure(page)
                     raise
                 page.wait_for_timeout(1500)  # let the first paint settle
                 _check_timeline(page, shots["timeline"])
