@@ -8,6 +8,7 @@ CPU), the same errors, the same stream order, signatures and memory statistics.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -288,3 +289,41 @@ def test_scalar_arguments_that_decide_the_shape_still_make_their_own_shapes() ->
     for end in (3.0, 6.0):  # and a launched op whose Scalar changes, between them
         x = torch.full((4,), end, device="neuron")
         assert x.cpu().tolist() == [end] * 4
+
+
+def test_a_foreach_op_whose_scalars_change_at_every_call_does_not_rerun_its_python_meta_kernel() -> None:
+    # Adam/AdamW (foreach, the default on neuron) pass new step sizes at every step as a Scalar list:
+    # `_foreach_addcdiv_(params, exp_avgs, denoms, step_sizes)`, `_foreach_div_(sqrts, bias_corrections)`,
+    # which run as one in-place op per tensor (`addcdiv_`, whose Meta kernel is Python: ~35 us a call).
+    # Values of an in-place elementwise op's float Scalars decide neither sizes nor dtypes: its launched
+    # plan holds without running the Meta kernel again.
+    gen = torch.Generator().manual_seed(5)
+    cpu = [[torch.randn(8, 8, generator=gen) for _ in range(3)] for _ in range(3)]
+    cpu[2] = [d.abs() + 1 for d in cpu[2]]
+    dev = [[t.to("neuron") for t in ts] for ts in cpu]
+    for step in range(1, 4):  # the first launch is checked on the host, the next ones are launched
+        for ps, ms, ds in (cpu, dev):
+            torch._foreach_addcdiv_(ps, ms, ds, [-0.01 * step, -0.02 * step, -0.03 * step])
+            torch._foreach_div_(ms, [1.0 + 0.1 * step] * 3)
+    files: list[str] = []
+
+    def profile(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            files.append(frame.f_code.co_filename)  # type: ignore[attr-defined]
+
+    def launch() -> None:
+        sys.setprofile(profile)
+        try:
+            torch._foreach_addcdiv_(dev[0], dev[1], dev[2], [-0.5, -0.25, -0.125])
+            torch._foreach_div_(dev[1], [1.5, 1.25, 1.125])
+        finally:
+            sys.setprofile(None)
+
+    _, queued, syncs = _launched_behind_a_sleep(launch)
+    meta = sorted({f for f in files if "_meta_registrations" in f or "/_refs/" in f or "/_prims" in f})
+    assert meta == [], meta
+    assert queued == 7 and syncs == ["sync: torch.neuron.synchronize()"]  # the sleep, 3 addcdiv_, 3 div_
+    torch._foreach_addcdiv_(cpu[0], cpu[1], cpu[2], [-0.5, -0.25, -0.125])
+    torch._foreach_div_(cpu[1], [1.5, 1.25, 1.125])
+    for got, want in zip(dev[0] + dev[1], cpu[0] + cpu[1]):
+        assert torch.equal(got.cpu(), want)

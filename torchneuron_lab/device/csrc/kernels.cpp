@@ -83,6 +83,7 @@ struct OpMeta {
   // outputs the host allocated (zero copy), when one exists.
   bool async_ok = false;
   bool pointwise = false;  // ATen's `pointwise` tag: an output may be exactly an input (full overlap)
+  bool foreach = false;    // a `_foreach_*` op: elementwise over lists
   // A seeded-random op without a Generator whose `dropout_p` is 0.0 at a call draws nothing (the attention
   // kernels in eval): that call launches asynchronously like any other op. (native_dropout has its own
   // kernel: it draws even at p == 0, as CPU's does.)
@@ -253,6 +254,7 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
   m.view_only = all_alias && !m.any_write;
   m.rng_without_generator = m.gen_args.empty() && op.hasTag(at::Tag::nondeterministic_seeded);
   m.pointwise = op.hasTag(at::Tag::pointwise);
+  m.foreach = base.rfind("aten::_foreach_", 0) == 0;
   m.async_ok = !m.sync && !m.view_only;
   if (m.rng_without_generator)
     for (size_t i = 0; i < args.size(); ++i)
@@ -574,13 +576,15 @@ void record_arg_shapes(const CallState& cs, EventRecord& ev) {
 // call a new key, checked on the host with a wait. A plan remembers the values it was made with (`vals`);
 // a call with other values runs the Meta kernel again (it raises a value's error at once, e.g. an integer
 // to a negative power, and finds a size a value decides) but is not checked against the CPU kernel again
-// once its structure was (`confirmed`): that check is about the op and its arguments' metadata.
+// once its structure was (`confirmed`): that check is about the op and its arguments' metadata. An
+// elementwise op that writes only its arguments keeps its launched plan as it is (`in_place_only`).
 struct LaunchPlan {
   static constexpr int kNone = -2, kSingle = -1;
   bool host_path = false;        // results need the data (or the Meta kernel failed): run on the host
   bool meta_failed = false;      // host_path because the Meta kernel failed for `vals` (another may not)
   bool confirmed = false;        // a plan of this key matched the CPU kernel's results
   bool cpu_strides = false;      // outs took the CPU kernel's strides (plan_with_cpu_strides)
+  bool in_place_only = false;    // launched, and every return is an argument written in place (or none)
   std::vector<int64_t> vals;     // the Scalar arguments' values (bits) this plan was made with
   std::vector<int> ret_sizes;    // per return: kNone, kSingle, or the length of a Tensor[]
   struct Out {
@@ -892,6 +896,8 @@ std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMet
   }
   plan->host_path = false;
   plan->meta_failed = false;
+  plan->in_place_only = std::none_of(plan->outs.begin(), plan->outs.end(),
+                                     [](const LaunchPlan::Out& o) { return o.kind == LaunchPlan::Out::New; });
   return plan;
 }
 
@@ -1055,7 +1061,14 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     }
     return false;
   }
-  if (plan->vals != vals && (plan->meta_failed || !plan->host_path)) {
+  if (plan->vals != vals && plan->in_place_only && (meta.pointwise || meta.foreach)) {
+    // An elementwise op that writes only its arguments, launched before, with other float Scalar values
+    // (an optimizer's update: `p.addcdiv_(m, d, value=-step_size)`, the foreach forms' per-tensor loops,
+    // a bias correction's `div_`): the plan holds as it is. Values decide no size (the written arguments
+    // keep theirs) and no dtype (a Scalar's type is in the key); the values reach the kernel through the
+    // launch's arguments. The Meta kernels of these ops check no float value, and several are Python
+    // (addcdiv_'s: ~35 us a call, every tensor of every step).
+  } else if (plan->vals != vals && (plan->meta_failed || !plan->host_path)) {
     // Other Scalar values: the Meta kernel sees them (a value's error is raised at once, on the host path,
     // by the CPU kernel; a size a value decides is found), the CPU check of the structure holds.
     auto made = make_plan(op, meta, *stack, base, nargs, cs, vals);
