@@ -67,3 +67,47 @@ emit(facts)
     assert facts["worker_idle"] == 1
     assert facts["worker_again"] == 2
     assert facts["value"]
+
+
+def test_autograd_device_threads_do_not_keep_an_openmp_pool_after_running_kernels_on_the_host() -> None:
+    # Backward runs on autograd's device thread (pt_autograd_0, as for CUDA). Kernels it runs on the host
+    # (TORCHNEURON_LAB_LAUNCH_BLOCKING=1: all of them; otherwise a plan's first launch, sync ops) made an
+    # OpenMP pool on that thread, which then never launched again to end it: the pools outnumbered the
+    # CPUs and the user's CPU code after training ran 2-3x slower (the benchmarks' CPU baseline guard).
+    facts = run_child(
+        """
+import os, time
+import torch
+import torchneuron_lab  # noqa: F401
+from torchneuron_lab.device._backend import lib
+
+def named(prefix):
+    return sorted(n for n in (open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task"))
+                  if n.startswith(prefix))
+
+facts = {}
+for blocking in (True, False):
+    lib().set_launch_blocking(blocking)
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    md = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).to("neuron")
+    md.load_state_dict(m.state_dict())
+    x = torch.randn(256, 512)
+    for mod, xx in ((m, x), (md, x.to("neuron"))):
+        for _ in range(3):
+            mod.zero_grad()
+            mod(xx).square().sum().backward()  # matmuls of 256x512: parallel regions, on both sides
+    torch.neuron.synchronize()
+    time.sleep(0.2)
+    facts[f"autograd_threads_blocking_{blocking}"] = named("pt_autograd_")
+    facts[f"grads_equal_blocking_{blocking}"] = all(
+        torch.equal(a.grad, b.grad.cpu()) for a, b in zip(m.parameters(), md.parameters()))
+emit(facts)
+""",
+        env={"TORCHNEURON_LAB_LAUNCH_BLOCKING": "1"},
+        outcomes=True,
+    )
+    # one autograd thread per device (2), none with a helper thread of its own (the helper has its name)
+    assert facts["autograd_threads_blocking_True"] == ["pt_autograd_0", "pt_autograd_1"], facts
+    assert facts["autograd_threads_blocking_False"] == ["pt_autograd_0", "pt_autograd_1"], facts
+    assert facts["grads_equal_blocking_True"] and facts["grads_equal_blocking_False"], facts

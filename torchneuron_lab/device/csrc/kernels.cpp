@@ -1400,11 +1400,13 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     RedirectGuard redirect(cs.cpu_outputs ? -1 : cs.device);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   } catch (c10::Error& e) {
+    end_host_thread_pool();
     e.add_context("while running " + meta.name + " on neuron:" + std::to_string(cs.device) +
                   " (emulated NeuronCore, host kernels)");
     throw;
   }
   const int64_t t1 = rec ? now_ns() : 0;
+  end_host_thread_pool();
 
   // write back in-place / out= arguments whose storage or geometry the kernel changed
   if (meta.any_write) {
@@ -2153,7 +2155,10 @@ HostCall::HostCall(int device, bool wait) : impl_(new Impl()), device_(device) {
     synchronize_stream(device, current_stream(device), "sync: host code (compiled graph)", /*record_always=*/false);
   impl_->cs.device = device;
 }
-HostCall::~HostCall() { delete impl_; }
+HostCall::~HostCall() {
+  delete impl_;
+  end_host_thread_pool();  // host code on autograd's device thread (a composed backward)
+}
 
 at::Tensor HostCall::in(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != kNeuron) return t;

@@ -214,7 +214,10 @@ struct Work {
   int stream = 0;
 };
 constexpr int kMaxStreamsPerDevice = 1024;
-bool launch_blocking();                // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every launch waits for its kernel
+bool launch_blocking();
+// After a kernel ran on the host, on a thread that is neither the main thread nor a worker (autograd's
+// device threads): ends that thread's OpenMP pool (queue.cpp, "OpenMP thread pools").
+void end_host_thread_pool();                // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every launch waits for its kernel
 void set_launch_blocking(bool on);
 int current_stream(int device);        // this thread's current stream on `device` (0: default stream)
 void set_current_stream(int device, int stream);

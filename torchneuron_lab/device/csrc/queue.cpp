@@ -11,6 +11,9 @@
 // device stays usable. See README.md "Asynchronous execution" for the design and its invariants.
 #include "neuron.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <Python.h>
 #include <torch/csrc/Exceptions.h>
 #include <c10/util/Exception.h>
@@ -173,7 +176,10 @@ constexpr size_t kWorkerBatch = 64;
 // CPU alone, 15.9 ms once a neuron kernel had run). OpenMP 5's omp_pause_resource_all(omp_pause_soft)
 // makes libgomp end the calling thread's pool (the next region starts a new one), so the worker ends its
 // pool when it has been idle kIdleReleaseMs, and a host thread ends its own (made by its CPU ops) at a
-// launch, at most every kHostReleaseNs. Thread counts per region stay torch's: results do not change.
+// launch, at most every kHostReleaseNs. A host thread other than the main one (autograd's device threads)
+// ends its pool after each kernel it runs on the host (end_host_thread_pool): it may never launch again,
+// and its idle pool throttled the user's CPU code after training (2-3x). Thread counts per region stay
+// torch's: results do not change.
 // libgomp is the one torch loaded (found by soname, never loaded here); without it this does nothing.
 constexpr int kIdleReleaseMs = 20;
 constexpr int64_t kHostReleaseNs = 50'000'000;
@@ -400,6 +406,15 @@ std::string launch_site(int32_t stack) {
 }
 
 }  // namespace
+
+void end_host_thread_pool() {
+  // Not the process's main thread (the user's thread, whose CPU code keeps its pool) nor a worker: a thread
+  // that runs kernels for the device on the host -- autograd's device threads (pt_autograd_N, backward)
+  // above all. Such a thread may never launch again (backward ended), so the pool ends with the kernel.
+  static thread_local int8_t helper = -1;
+  if (helper < 0) helper = (tls_worker_stream < 0 && static_cast<pid_t>(syscall(SYS_gettid)) != getpid()) ? 1 : 0;
+  if (helper == 1) shrink_omp_pool();
+}
 
 bool launch_blocking() {
   int v = g_launch_blocking.load(std::memory_order_relaxed);
