@@ -327,3 +327,44 @@ def test_a_foreach_op_whose_scalars_change_at_every_call_does_not_rerun_its_pyth
     torch._foreach_div_(cpu[1], [1.5, 1.25, 1.125])
     for got, want in zip(dev[0] + dev[1], cpu[0] + cpu[1]):
         assert torch.equal(got.cpu(), want)
+
+
+def test_ops_that_touch_no_device_bytes_do_not_wait_for_the_stream() -> None:
+    # Every GPT-2 training step (transformers) waited for the whole queue twice per layer: `torch.arange(n,
+    # device=...)` (an out= factory whose output is resized: the host path) and `torch.tensor([], device=...)`
+    # (a zero-byte copy). An op whose device tensor arguments hold no bytes reads nothing a queued kernel
+    # writes, so it runs on the host at once; its new memory comes only from blocks no queued kernel uses.
+    want = torch.arange(64)
+    got, queued, syncs = _launched_behind_a_sleep(lambda: torch.arange(64, device="neuron"))
+    assert queued == 1 and syncs == ["sync: torch.neuron.synchronize()"]  # the sleep, not waited for
+    assert torch.equal(got.cpu(), want)  # type: ignore[union-attr]
+    got, queued, syncs = _launched_behind_a_sleep(lambda: torch.tensor([], device="neuron"))
+    assert queued == 1 and syncs == ["sync: torch.neuron.synchronize()"]
+    assert got.shape == (0,) and got.device.type == "neuron"  # type: ignore[union-attr]
+    got, queued, syncs = _launched_behind_a_sleep(lambda: torch.empty(0, 3).to("neuron"))
+    assert queued == 1 and syncs == ["sync: torch.neuron.synchronize()"]
+    assert got.shape == (0, 3)  # type: ignore[union-attr]
+    # a copy's checks still hold for empty tensors
+    with pytest.raises(RuntimeError):
+        torch.empty(0, 3, device="neuron").copy_(torch.empty(0, 4))
+    with pytest.raises(RuntimeError):
+        torch.empty(0, device="neuron").copy_(torch.ones(3))
+    # a non-empty copy from pageable host memory still waits (as CUDA's blocking copy does)
+    _, queued, syncs = _launched_behind_a_sleep(lambda: torch.ones(3).to("neuron"))
+    assert queued == 0 and syncs[0] == "sync: host→device copy"
+
+
+def test_host_code_that_waits_for_nothing_takes_no_block_a_queued_kernel_still_reads() -> None:
+    # `a` is freed by the host while a queued kernel (behind a sleep) still reads it; an arange run on the
+    # host at once must not be given a's block, or it would write over a's values before the kernel reads them
+    torch.neuron.synchronize()
+    a_cpu = torch.arange(4096, dtype=torch.float32)
+    a = a_cpu.to("neuron")
+    torch.neuron.synchronize()
+    torch.neuron._sleep(200)
+    b = a * 2
+    del a
+    c = torch.arange(4096, dtype=torch.float32, device="neuron") + 0.5
+    torch.neuron.synchronize()
+    assert torch.equal(b.cpu(), a_cpu * 2)
+    assert torch.equal(c.cpu(), a_cpu + 0.5)

@@ -1232,6 +1232,14 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
   return true;
 }
 
+// Whether every device tensor argument of a call holds no bytes (an empty out= tensor a factory sizes):
+// the call reads and writes nothing a queued kernel may still use.
+bool touches_no_device_bytes(const CallState& cs) {
+  for (const auto& in : cs.ins)
+    if (in.nbytes != 0) return false;
+  return true;
+}
+
 void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
   check_not_in_bad_fork();
   const OpMeta& meta = op_meta(op);
@@ -1343,8 +1351,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   }
 
   // Asynchronous launch; otherwise (a view, a sync op, results that need the data, the first launch of
-  // a plan) the host runs the op itself, after waiting for its stream unless the op only makes a view.
+  // a plan) the host runs the op itself, after waiting for its stream unless the op only makes a view or
+  // touches no device bytes.
   PendingPlan pending;
+  std::optional<HostNowGuard> host_now;
   const bool draws_rng = meta.draws_rng(*stack, base);
   const bool async_ok = meta.async_ok || (meta.async_ok_without_rng && !draws_rng);
   if (worker_stream() < 0) {
@@ -1360,6 +1370,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       const int st = current_stream(cs.device);
       wait_position_quiet(cs.device, st, stream_enqueued(cs.device, st));
       raise_async_error(cs.device);
+    } else if (!meta.view_only && !meta.sync && touches_no_device_bytes(cs)) {
+      // Every device tensor argument holds no bytes (`torch.arange(n, device=...)`: its out= tensor is
+      // empty until the kernel sizes it): nothing a queued kernel writes is read, so the host runs it now,
+      // on memory no queued kernel uses (host_now below), instead of waiting for the whole stream.
+      host_now.emplace();
     } else if (!meta.view_only) {
       synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(),
                          /*record_always=*/meta.sync || !async_ok);
@@ -1626,6 +1641,13 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const int dev = dst_n ? dst.device().index() : self.device().index();
   const Direction dir = src_n && dst_n ? Direction::D2D : dst_n ? Direction::H2D : Direction::D2H;
   const char* dname = src_n && dst_n ? (self.device() == dst.device() ? "copy" : "d2d") : dst_n ? "h2d" : "d2h";
+  if (dst.numel() == 0) {
+    // Nothing to move (`torch.tensor([], device=...)`): the copy's checks (shapes, dtypes) on meta twins,
+    // no wait for the stream and no DMA.
+    at::empty_strided(dst.sizes(), dst.strides(), dst.options().device(c10::kMeta))
+        .copy_(at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta)));
+    return dst;
+  }
   at::Tensor s = src_n ? cpu_alias(self) : self;
   // src and dst sharing a neuron storage share one CPU storage, so the copy's overlap checks hold
   at::Tensor d = !dst_n ? dst
