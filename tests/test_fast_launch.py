@@ -336,7 +336,9 @@ def test_ops_that_touch_no_device_bytes_do_not_wait_for_the_stream() -> None:
     # writes, so it runs on the host at once; its new memory comes only from blocks no queued kernel uses.
     want = torch.arange(64)
     got, queued, syncs = _launched_behind_a_sleep(lambda: torch.arange(64, device="neuron"))
-    assert queued == 1 and syncs == ["sync: torch.neuron.synchronize()"]  # the sleep, not waited for
+    # the sleep still queued (not waited for); the arange run at once on the host or, once its plan was
+    # checked, launched behind the sleep (an empty out= tensor sized at the launch)
+    assert queued in (1, 2) and syncs == ["sync: torch.neuron.synchronize()"]
     assert torch.equal(got.cpu(), want)  # type: ignore[union-attr]
     got, queued, syncs = _launched_behind_a_sleep(lambda: torch.tensor([], device="neuron"))
     assert queued == 1 and syncs == ["sync: torch.neuron.synchronize()"]
@@ -368,3 +370,63 @@ def test_host_code_that_waits_for_nothing_takes_no_block_a_queued_kernel_still_r
     torch.neuron.synchronize()
     assert torch.equal(b.cpu(), a_cpu * 2)
     assert torch.equal(c.cpu(), a_cpu + 0.5)
+
+
+def test_an_out_op_into_an_empty_tensor_is_launched_and_sized_like_cpus() -> None:
+    # ATen's functional ops run through their out= variant on an empty result (`torch.where` inside
+    # `_safe_softmax`, which every attention with a mask calls): the out= tensor had to be resized, so the
+    # call took the host path and waited for the whole queue (2-6 waits per transformers training step).
+    gen = torch.Generator().manual_seed(3)
+    cond = torch.rand(2, 2, 7, 1, generator=gen) > 0.5
+    x = torch.randn(2, 2, 7, 7, generator=gen)
+    zero = torch.zeros(())
+    cn, xn, zn = cond.to("neuron"), x.to("neuron"), zero.to("neuron")
+    want = torch.where(cond, zero, x, out=torch.empty(0))
+    for _ in range(2):  # the first launch of the plan is checked on the host
+        torch.where(cn, zn, xn, out=torch.empty(0, device="neuron"))
+    out = torch.empty(0, device="neuron")
+    view = out[:]  # shares out's (empty) storage: sized with it, as on CPU
+    _, queued, syncs = _launched_behind_a_sleep(lambda: torch.where(cn, zn, xn, out=out))
+    assert queued == 2 and syncs == ["sync: torch.neuron.synchronize()"]
+    assert out.shape == want.shape and out.stride() == want.stride() and torch.equal(out.cpu(), want)
+    assert view.untyped_storage().nbytes() == out.untyped_storage().nbytes() == want.untyped_storage().nbytes()
+    # a non-empty out= of another shape keeps CPU's resize rules (the host path: warning, then resize)
+    cpu_out = torch.zeros(3)
+    with pytest.warns(UserWarning, match="resized"):
+        torch.where(cond, zero, x, out=cpu_out)
+    dev_out = torch.zeros(3, device="neuron")
+    with pytest.warns(UserWarning, match="resized"):
+        torch.where(cn, zn, xn, out=dev_out)
+    assert torch.equal(dev_out.cpu(), cpu_out)
+    # arange into an empty out= tensor, ends changing: each call gets its own size
+    for end in (5, 9, 3):
+        o = torch.empty(0, device="neuron")
+        torch.arange(0, end, out=o)
+        assert o.cpu().tolist() == list(range(end))
+
+
+def test_an_out_variant_of_a_pointwise_op_writing_one_of_its_inputs_launches_without_a_host_wait() -> None:
+    # ATen tags `where.self_out`, `relu.out`, `gelu.out`, `clone.out`, ... without `pointwise` (their
+    # functional overloads have it). `_safe_softmax` -- every attention with a mask, in every transformers
+    # model -- calls where(rows, zero, out, out=out): full overlap with an input, which the CPU kernel allows
+    # for pointwise ops; untagged, it took the host path and waited for the whole queue (2-6 times a step).
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 2, 7, 7, generator=gen)
+    x[0, 0, 3] = float("-inf")
+    xn = x.to("neuron")
+    want = torch._safe_softmax(x, -1)
+    r = torch.randn(64, generator=gen)
+    rn = r.to("neuron")
+    for _ in range(2):  # the first launch of each plan is checked on the host
+        torch._safe_softmax(xn, -1)
+        c = rn.clone()
+        torch.ops.aten.relu.out(c, out=c)
+
+    def launch() -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch._safe_softmax(xn, -1)
+        return y, torch.ops.aten.relu.out(rn, out=rn)
+
+    (got, relu_got), queued, syncs = _launched_behind_a_sleep(launch)  # type: ignore[misc]
+    assert syncs == ["sync: torch.neuron.synchronize()"] and queued >= 6  # the sleep, softmax's 5, relu
+    assert torch.equal(got.cpu(), want)
+    assert relu_got is rn and torch.equal(rn.cpu(), torch.relu(r))

@@ -254,6 +254,19 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
   m.view_only = all_alias && !m.any_write;
   m.rng_without_generator = m.gen_args.empty() && op.hasTag(at::Tag::nondeterministic_seeded);
   m.pointwise = op.hasTag(at::Tag::pointwise);
+  if (!m.pointwise) {
+    // ATen tags many out= overloads of pointwise ops without `pointwise` (where.self_out, relu.out,
+    // gelu.out, clone.out, ...): such an overload is pointwise when its functional overload is
+    // (`self_out` -> `self`, `Scalar_out` -> `Scalar`, `out` -> the default one).
+    const std::string& ov = s.overload_name();
+    std::optional<std::string> fun;
+    if (ov == "out") fun = "";
+    else if (ov.size() > 4 && ov.compare(ov.size() - 4, 4, "_out") == 0) fun = ov.substr(0, ov.size() - 4);
+    if (fun.has_value()) {
+      auto f = c10::Dispatcher::singleton().findOp({base, *fun});
+      m.pointwise = f.has_value() && f->hasTag(at::Tag::pointwise);
+    }
+  }
   m.foreach = base.rfind("aten::_foreach_", 0) == 0;
   m.async_ok = !m.sync && !m.view_only;
   if (m.rng_without_generator)
@@ -594,6 +607,14 @@ struct LaunchPlan {
     at::ScalarType dtype = at::kFloat;
   };
   std::vector<Out> outs;         // flattened returns
+  // Written arguments that hold no bytes and the kernel sizes (an out= tensor from `at::empty({0})`: ATen's
+  // functional ops run through their out= variant, `where`, `arange`): sized on the host at the launch
+  struct Resize {
+    int input;                   // index into the call's aliased arguments
+    std::vector<int64_t> sizes, strides;
+    bool operator==(const Resize& o) const { return input == o.input && sizes == o.sizes && strides == o.strides; }
+  };
+  std::vector<Resize> resizes;
 };
 
 struct KeyHash {
@@ -848,7 +869,25 @@ std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMet
   }
   // Written arguments must keep their geometry (an out= tensor to resize: the host path does it).
   for (const auto& [m, k] : twins)
-    if (cs.ins[k].writable && !same_geometry(m, cs.ins[k].alias)) return plan;
+    if (cs.ins[k].writable && !same_geometry(m, cs.ins[k].alias)) {
+      // An empty out= tensor the kernel sizes (nothing to keep): sized at the launch, as an output is
+      // allocated. Another argument on its storage, or a layout the plan cannot give it: the host path.
+      const AliasIn& in = cs.ins[k];
+      bool shared = false;
+      for (size_t j = 0; j < cs.ins.size(); ++j)
+        shared = shared || (j != k && cs.ins[j].alias_storage == in.alias_storage);
+      if (shared || in.nbytes != 0 || in.original.storage_offset() != 0 || !in.original.storage().resizable() ||
+          m.storage_offset() != 0 || !m.is_non_overlapping_and_dense() || m.scalar_type() != in.original.scalar_type())
+        return plan;
+      for (const auto& r : plan->resizes)
+        if (r.input == static_cast<int>(k)) return plan;
+      bool direct = false;  // a Tensor argument of its own (the launch swaps its alias on the stack)
+      for (size_t i = 0; i < nargs; ++i)
+        direct = direct || (stack[base + i].isTensor() &&
+                            stack[base + i].toTensor().unsafeGetTensorImpl() == in.alias.unsafeGetTensorImpl());
+      if (!direct) return plan;
+      plan->resizes.push_back({static_cast<int>(k), m.sizes().vec(), m.strides().vec()});
+    }
   const size_t nret = op.schema().returns().size();
   if (mstack.size() != nret) return plan;
   std::vector<c10::StorageImpl*> out_storages;
@@ -1079,7 +1118,7 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     }
     made->confirmed = plan->confirmed;
     auto same_but_strides = [](const LaunchPlan& a, const LaunchPlan& b) {
-      if (a.ret_sizes != b.ret_sizes || a.outs.size() != b.outs.size()) return false;
+      if (a.ret_sizes != b.ret_sizes || a.outs.size() != b.outs.size() || !(a.resizes == b.resizes)) return false;
       for (size_t i = 0; i < a.outs.size(); ++i)
         if (a.outs[i].kind != b.outs[i].kind || a.outs[i].input != b.outs[i].input ||
             a.outs[i].sizes != b.outs[i].sizes || a.outs[i].dtype != b.outs[i].dtype)
@@ -1111,6 +1150,26 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
   std::vector<c10::IValue> results(nret);
   std::vector<at::Tensor> copy_targets;  // per returned tensor, flattened: where its data must land
   c10::DeviceGuard guard(c10::Device(kNeuron, cs.device));
+  // Size the empty out= tensors the plan names: a fresh device block in their (shared) storage, as CPU's
+  // resize does, and a new CPU alias in the kernel's arguments.
+  for (const auto& r : plan->resizes) {
+    AliasIn& in = cs.ins[r.input];
+    const at::Tensor& t = in.original;
+    const size_t nbytes = at::detail::computeStorageNbytes(r.sizes, r.strides, t.dtype().itemsize());
+    c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+    st->set_data_ptr_noswap(neuron_allocator()->allocate(nbytes));
+    st->set_nbytes(nbytes);
+    t.unsafeGetTensorImpl()->set_sizes_and_strides(r.sizes, r.strides, 0);
+    at::Tensor a = cpu_alias(t);
+    for (size_t i = base; i < stack->size(); ++i) {
+      c10::IValue& v = (*stack)[i];
+      if (v.isTensor() && v.toTensor().unsafeGetTensorImpl() == in.alias.unsafeGetTensorImpl()) v = a;
+    }
+    in.alias = a;
+    in.alias_storage = a.storage().unsafeGetStorageImpl();
+    in.data = st->data_ptr().get();
+    in.nbytes = nbytes;
+  }
   size_t next = 0;
   auto output = [&]() -> at::Tensor {
     const LaunchPlan::Out& o = plan->outs[next++];
@@ -1366,15 +1425,15 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     // op on the host path (no Meta kernel, the first launch of a plan) is recorded only if it waited.
     // The first launch of a plan waits too, unrecorded: it is the emulator's own check of the plan (like a
     // signature's compile on the device), not a synchronisation point of the program.
-    if (!meta.view_only && pending.plan) {
+    if (!meta.view_only && !meta.sync && touches_no_device_bytes(cs)) {
+      // Every device tensor argument holds no bytes (`torch.arange(n, device=...)`: its out= tensor is
+      // empty until the kernel sizes it): nothing a queued kernel writes is read, so the host runs it now
+      // (a plan's first launch too), on memory no queued kernel uses, instead of waiting for the stream.
+      host_now.emplace();
+    } else if (!meta.view_only && pending.plan) {
       const int st = current_stream(cs.device);
       wait_position_quiet(cs.device, st, stream_enqueued(cs.device, st));
       raise_async_error(cs.device);
-    } else if (!meta.view_only && !meta.sync && touches_no_device_bytes(cs)) {
-      // Every device tensor argument holds no bytes (`torch.arange(n, device=...)`: its out= tensor is
-      // empty until the kernel sizes it): nothing a queued kernel writes is read, so the host runs it now,
-      // on memory no queued kernel uses (host_now below), instead of waiting for the whole stream.
-      host_now.emplace();
     } else if (!meta.view_only) {
       synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(),
                          /*record_always=*/meta.sync || !async_ok);
