@@ -83,7 +83,6 @@ struct OpMeta {
   // outputs the host allocated (zero copy), when one exists.
   bool async_ok = false;
   bool pointwise = false;  // ATen's `pointwise` tag: an output may be exactly an input (full overlap)
-  bool foreach = false;    // a `_foreach_*` op: elementwise over lists
   // A seeded-random op without a Generator whose `dropout_p` is 0.0 at a call draws nothing (the attention
   // kernels in eval): that call launches asynchronously like any other op. (native_dropout has its own
   // kernel: it draws even at p == 0, as CPU's does.)
@@ -267,7 +266,6 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
       m.pointwise = f.has_value() && f->hasTag(at::Tag::pointwise);
     }
   }
-  m.foreach = base.rfind("aten::_foreach_", 0) == 0;
   m.async_ok = !m.sync && !m.view_only;
   if (m.rng_without_generator)
     for (size_t i = 0; i < args.size(); ++i)
@@ -1100,10 +1098,10 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     }
     return false;
   }
-  if (plan->vals != vals && plan->in_place_only && (meta.pointwise || meta.foreach)) {
+  if (plan->vals != vals && plan->in_place_only && meta.pointwise) {
     // An elementwise op that writes only its arguments, launched before, with other float Scalar values
-    // (an optimizer's update: `p.addcdiv_(m, d, value=-step_size)`, the foreach forms' per-tensor loops,
-    // a bias correction's `div_`): the plan holds as it is. Values decide no size (the written arguments
+    // (an optimizer's update: `p.addcdiv_(m, d, value=-step_size)`, the foreach ops' per-tensor loops on
+    // this device, a bias correction's `div_`): the plan holds as it is. Values decide no size (the written arguments
     // keep theirs) and no dtype (a Scalar's type is in the key); the values reach the kernel through the
     // launch's arguments. The Meta kernels of these ops check no float value, and several are Python
     // (addcdiv_'s: ~35 us a call, every tensor of every step).
