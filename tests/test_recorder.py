@@ -7,6 +7,7 @@ DMA directions, sync events, ring-buffer bounds and host stacks (contract: notes
 from __future__ import annotations
 
 import threading
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -629,6 +630,56 @@ def test_stacks_are_interned_per_call_path(C: ModuleType) -> None:
     assert events[0].stack[-1].name == "_launch_from_helper"
     assert events[50].stack[-1].name == "test_stacks_are_interned_per_call_path"
     assert events[50].stack[-1].line == events[0].stack[-2].line + 1
+
+
+def _fresh_frames(x: torch.Tensor, depth: int, seen: list) -> torch.Tensor:
+    if depth:
+        return _fresh_frames(x, depth - 1, seen)
+    seen.append(traceback.extract_stack())
+    return x * 3  # the launch: on the line after the extract_stack() above
+
+
+def _from_generator(x: torch.Tensor, seen: list) -> Iterator[torch.Tensor]:
+    for _ in range(2):
+        seen.append(traceback.extract_stack())
+        yield x - 1
+
+
+def _from_except(x: torch.Tensor, seen: list) -> torch.Tensor:
+    try:
+        raise ValueError("handled")
+    except ValueError:
+        seen.append(traceback.extract_stack())
+        return x.neg()
+
+
+def test_recorded_stacks_are_the_python_stack_of_each_launch(C: ModuleType) -> None:
+    """A launch's recorded frames are the frames `traceback` sees at the launch line, from fresh frames
+    30 deep (each call a new frame: the host walks them without making frame objects), a generator, an
+    except block and a comprehension, every call path kept apart."""
+    from torchneuron_lab.device import recorder
+
+    x = torch.ones(4, device="neuron")
+    seen: list = []
+    with recorder.record(with_stack=True) as box:
+        for _ in range(3):
+            _fresh_frames(x, 30, seen)
+        list(_from_generator(x, seen))
+        _from_except(x, seen)
+        [(seen.append(traceback.extract_stack()), x.abs()) for _ in range(2)]
+    events = box[0].events
+    names = ["aten::mul.Tensor"] * 3 + ["aten::sub.Tensor"] * 2 + ["aten::neg"] + ["aten::abs"] * 2
+    assert [e.name for e in events] == names
+    assert len(seen) == len(events)
+    for ev, tb in zip(events, seen):
+        got = [(f.filename, f.line, f.name) for f in ev.stack]
+        want = [(f.filename, f.lineno, f.name) for f in tb]
+        # the launch is on the line after extract_stack() in the helpers; in the comprehension, on the same line
+        want[-1] = (want[-1][0], want[-1][1] + (ev.name != "aten::abs"), want[-1][2])
+        assert got == want[-len(got):], (ev.name, got[-4:], want[-4:])
+        assert len(got) >= 33 if ev.name == "aten::mul.Tensor" else len(got) >= 3
+    assert events[0].stack is events[2].stack  # one call path, one interned stack
+    assert events[3].stack[-1] != events[0].stack[-1]
 
 
 def test_read_builds_events_on_first_use_and_equals_the_list_path(C: ModuleType) -> None:

@@ -38,7 +38,7 @@ from typing import Any
 __all__ = ["lib", "is_loaded", "build_info"]
 
 _CSRC = Path(__file__).with_name("csrc")
-_SOURCES = ("runtime.cpp", "kernels.cpp")
+_SOURCES = ("runtime.cpp", "kernels.cpp", "pyframes.cpp")
 _EXTRA_CFLAGS = ["-O2", "-fvisibility=hidden", "-Wno-unused-parameter", "-DUSE_KINETO"]
 _NAME = "torchneuron_lab_C"
 _STAMP = "build.json"

@@ -8,6 +8,8 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
+#include "frames.h"
+
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -158,10 +160,6 @@ struct RecorderSlot {
   uint64_t seq = 0;
   uint32_t thread = 0;
   int32_t stack = kNoStack;
-};
-struct StackFrameRef {
-  void* code;  // PyCodeObject*, a strong reference held by the stack table
-  int lasti;   // instruction offset in bytes
 };
 void recorder_start(size_t capacity, bool record_shapes, bool with_stack, size_t keep_first);
 std::vector<RecorderSlot> recorder_copy();  // oldest first

@@ -253,24 +253,8 @@ int32_t capture_stack_locked(PyThreadState* ts, size_t max_depth) {
   static thread_local std::vector<StackFrameRef> last_key;
   static thread_local int32_t last_id = kNoStack;
   static thread_local uint64_t last_gen = ~uint64_t{0};
-  key.clear();
-  PyFrameObject* f = PyThreadState_GetFrame(ts);  // new reference or NULL
-  while (f != nullptr && key.size() < max_depth) {
-    {
-      PyCodeObject* code = PyFrame_GetCode(f);  // new reference; the live frame keeps the code alive
-#if PY_VERSION_HEX >= 0x030B0000
-      const int lasti = PyFrame_GetLasti(f);
-#else
-      const int lasti = f->f_lasti * 2;
-#endif
-      key.push_back({code, lasti});
-      Py_DECREF(code);
-    }
-    PyFrameObject* back = PyFrame_GetBack(f);
-    Py_DECREF(f);
-    f = back;
-  }
-  if (f != nullptr) Py_DECREF(f);
+  key.resize(max_depth);
+  key.resize(python_frames(ts, key.data(), max_depth));
   if (key.empty()) return kNoStack;
   Stacks& st = stacks();
   const uint64_t gen = st.generation.load(std::memory_order_acquire);
