@@ -4,8 +4,8 @@
 // for one: PyThreadState_GetFrame and PyFrame_GetBack create one for every frame they pass that has none
 // yet. A launch captures its site (up to kLaunchSiteDepth frames) at every op, and a model's forward
 // makes new Python frames at every call, so the public walk allocated a frame object per new frame per
-// launch (2 us of host time per op at a depth of 30, measured: relu called through three fresh
-// functions, 30 frames deep). On 3.11 the interpreter's records are read directly: the same frames the
+// launch (perf: 7.2% of the launching thread's samples for relu called through three fresh functions,
+// 33 frames deep; 2.3% with this walk). On 3.11 the interpreter's records are read directly: the same frames the
 // public functions return (incomplete frames skipped, as they skip them) and the same byte offsets
 // PyFrame_GetLasti gives. Other versions take the public API (3.12 and later: not built against here).
 #include <patchlevel.h>
