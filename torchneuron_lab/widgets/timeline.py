@@ -21,6 +21,7 @@ display either way.
 
 from __future__ import annotations
 
+import hashlib
 import html
 import os
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +31,7 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
+import traitlets
 
 from torchneuron_lab.tracing import KernelEvent, Trace
 from torchneuron_lab.widgets import figures as F
@@ -122,6 +124,126 @@ def state_layout(widget: go.FigureWidget, props: Mapping[str, Any]) -> None:
     send = getattr(widget, "_send_relayout_msg", None)
     if callable(send):
         send(dict(props))
+
+
+#: The front-end module of :class:`_FigureWidget`: a small anywidget ESM that imports plotly's widget module
+#: (``_plotly_esm``, about 5 MB) once per page, shared by every figure model. anywidget (0.11) gives a model's
+#: ESM 2 s to load and initialise and drops every later kernel message to a model that missed that deadline;
+#: plotly's own ESM, imported anew per model, takes about 4 s here (mostly one long main-thread task, during
+#: which no other model can load either). So a model waits for plotly's module at most ``WAIT_MS`` -- well inside
+#: the deadline -- and if it is not there yet, the model counts as initialised and the kernel's messages that
+#: reach it meanwhile are replayed, in order, to plotly's model code once the module is in.
+_FIGURE_ESM = """
+const WAIT_MS = 1000;
+const shared = (globalThis.__torchneuronLabPlotly ??= new Map());
+
+function importShared(model) {
+  const id = model.get("_plotly_esm_id");
+  if (!shared.has(id)) {
+    const url = URL.createObjectURL(new Blob([model.get("_plotly_esm")], { type: "application/javascript" }));
+    const loaded = import(url).finally(() => URL.revokeObjectURL(url));
+    loaded.catch(() => shared.delete(id));  // a later model tries again
+    shared.set(id, loaded);
+  }
+  return shared.get(id);
+}
+
+export default () => {
+  let proxy = null;
+  let ready = null;  // plotly's widget definition for this model, initialised
+  return {
+    initialize({ model }) {
+      const callbacks = new Map();  // event -> the callbacks plotly's code registered
+      const held = new Map();  // message name -> value, while an early message is replayed
+      proxy = {
+        get: (name) => (held.has(name) ? held.get(name) : model.get(name)),
+        set: (name, value) => model.set(name, value),
+        on: (event, callback) => {
+          if (!callbacks.has(event)) callbacks.set(event, []);
+          callbacks.get(event).push(callback);
+          model.on(event, callback);
+        },
+        off: (...args) => model.off(...args),
+        send: (...args) => model.send(...args),
+        save_changes: () => model.save_changes(),
+        get widget_manager() { return model.widget_manager; },
+      };
+      const early = [];
+      let listening = false;  // plotly's code handles the messages itself
+      for (const name of model.get("_plotly_messages")) {
+        model.on(`change:${name}`, () => {
+          const value = model.get(name);
+          if (!listening && value !== null && value !== undefined) early.push([name, value]);
+        });
+      }
+      ready = importShared(model).then(async (mod) => {
+        const widget = typeof mod.default === "function" ? await mod.default() : mod.default;
+        const done = widget.initialize?.({ model: proxy });
+        listening = true;
+        for (const [name, value] of early.splice(0)) {
+          held.set(name, value);
+          try {
+            for (const callback of callbacks.get(`change:${name}`) ?? []) callback();
+          } finally {
+            held.delete(name);
+          }
+        }
+        await done;
+        return widget;
+      });
+      return Promise.race([ready.then(() => undefined), new Promise((done) => setTimeout(done, WAIT_MS))]);
+    },
+    async render({ el }) {
+      const widget = await ready;
+      return widget.render?.({ model: proxy, el });
+    },
+  };
+};
+"""
+
+_PLOTLY_ESM = str(go.FigureWidget._esm)
+
+
+class _FigureWidget(go.FigureWidget):
+    """A Plotly ``FigureWidget`` whose model opens with the figure in it and initialises within anywidget's
+    deadline.
+
+    Two front-end races left a figure drawn empty (no traces, axes [-1, 6] x [-1, 4], no lane labels) or deaf
+    to the kernel (a zoom's level of detail, the colour toggle, the launch arrow never drawn):
+
+    * ipywidgets opens a widget's comm at the end of ``Widget.__init__``; plotly's ``FigureWidget`` sets
+      ``_widget_data`` and ``_widget_layout`` only after that, so ``comm_open`` carried an EMPTY figure and
+      the figure followed in two ``update`` messages. Here the comm opens after the constructor: the figure
+      travels in ``comm_open``, which the front end holds before any view renders.
+    * anywidget (0.11) applies a model's messages only after its ESM has loaded and initialised, and drops
+      them all for good when that took more than 2 s; plotly's ESM is a 5 MB bundle imported again for
+      every model (about 4 s on a 2-core machine; under load one model in four missed the deadline). Here
+      the model's ESM is :data:`_FIGURE_ESM`, which loads in milliseconds, imports plotly's bundle once per
+      page and waits for it at most 1 s; and the next model is opened only after this one initialised.
+    """
+
+    _esm = _FIGURE_ESM
+    _plotly_esm = traitlets.Unicode(_PLOTLY_ESM).tag(sync=True)
+    _plotly_esm_id = traitlets.Unicode(hashlib.sha256(_PLOTLY_ESM.encode()).hexdigest()[:16]).tag(sync=True)
+    _plotly_messages = traitlets.List(traitlets.Unicode(), default_value=sorted(
+        name for name in go.FigureWidget.class_trait_names(sync=True) if name.startswith("_py2js_"))).tag(sync=True)
+    _open_deferred = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._open_deferred = True
+        try:
+            super().__init__(*args, **kwargs)
+        finally:
+            self._open_deferred = False
+        self.open()
+        # One update right behind comm_open: JupyterLab handles a kernel's messages one at a time and this one
+        # waits until the model has initialised, so the next figure's model is created only then -- not during
+        # the long task of plotly's module import, when its own small ESM could not load within the deadline.
+        self.send_state("_last_trace_edit_id")
+
+    def open(self) -> None:
+        if not self._open_deferred:
+            super().open()
 
 
 _WRAP = "white-space:normal;overflow-wrap:anywhere;vertical-align:top"
@@ -234,7 +356,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.selected: dict[str, Any] | None = None
         fig = F.timeline_figure(self.cols, color_by=color_by, profile=profile, max_boxes=max_boxes,
                                 pixels=self.pixels, rangeslider=True, width=width, axis=self.axis)
-        self.figure = go.FigureWidget(fig)
+        self.figure = _FigureWidget(fig)
         self._hooked: set[str] = set()
         self._base_annotations = list(fig.layout.annotations)
         self.flow: dict[str, Any] | None = None
@@ -415,14 +537,16 @@ class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.top = top
         self.timeline = F.memory_timeline(snapshot, device)
         n = len(self.timeline["time_us"])
-        self.history = go.FigureWidget(F.memory_figure(snapshot))
+        self.history = _FigureWidget(F.memory_figure(snapshot))
         self.slider = W.IntSlider(value=max(n - 1, 0), min=0, max=max(n - 1, 0), description="moment",
                                   continuous_update=False, layout=W.Layout(width="90%"))
-        self.segments = go.FigureWidget(F.segment_map_figure(snapshot, device=device))
+        # the block map of the shown moment is the widget's first figure: no update message to draw it
+        moment = self.slider.value if n else None
+        self.segments = _FigureWidget(F.segment_map_figure(snapshot, device=device, at_index=moment))
         self.top_html = W.HTML()
         self.moment = W.HTML()
         self.slider.observe(lambda ch: self.show_moment(ch["new"]), names="value")
-        self.show_moment(self.slider.value if n else None)
+        self._show_moment_text(moment)
         super().__init__([W.HTML(self._summary_html()), self.history, self.slider, self.moment,
                           self.segments, self.top_html])
         self.add_class("tnl-memory")
@@ -444,13 +568,17 @@ class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
 
     def show_moment(self, index: int | None) -> None:
         """Show the block map and top allocations after action ``index`` of the history."""
+        seg = F.segment_map_figure(self.snapshot, device=self.device, at_index=index)
+        apply_traces(self.segments, list(seg.data), {"height": seg.layout.height, "meta": seg.layout.meta})
+        self._show_moment_text(index)
+
+    def _show_moment_text(self, index: int | None) -> None:
+        """The moment line and the top live allocations after action ``index``."""
         tl = self.timeline
         if index is not None and tl["time_us"]:
             self.moment.value = (f"after action {index}: <b>{html.escape(tl['actions'][index])}</b>, "
                                  f"allocated {F._fmt_bytes(tl['allocated'][index])}, "
                                  f"reserved {F._fmt_bytes(tl['reserved'][index])}")
-        seg = F.segment_map_figure(self.snapshot, device=self.device, at_index=index)
-        apply_traces(self.segments, list(seg.data), {"height": seg.layout.height, "meta": seg.layout.meta})
         rows = F.top_allocations(self.snapshot, self.top, device=self.device, at_index=index)
         self.top_html.value = "<b>top live allocations</b>" + _table(
             [{"size": F._fmt_bytes(r["size"]), "allocated at": r["source"]} for r in rows])
