@@ -210,11 +210,7 @@ def _check_slow_module_load(browser: Any, base: str, token: str) -> None:
         page.set_default_timeout(60_000)
         # a workspace of its own: the main page's (demo.ipynb open) is not restored here
         page.goto(f"{base}/lab/workspaces/slow-load/tree/slow_load.ipynb?token={token}&reset", timeout=90_000)
-        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-        _accept_kernel_dialog(page)
-        page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-        page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-        _accept_kernel_dialog(page)
+        _run_all_cells(page)
         try:
             page.wait_for_function(
                 "() => [...document.querySelectorAll('.tnl-timeline .js-plotly-plot .ytick text')]"
@@ -235,6 +231,15 @@ def _check_slow_module_load(browser: Any, base: str, token: str) -> None:
             raise
     finally:
         context.close()
+
+
+def _run_all_cells(page: Any) -> None:
+    """Once the notebook's kernel is idle: Run > Run All Cells (accepting the kernel dialog around it)."""
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
+    _accept_kernel_dialog(page)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+    _accept_kernel_dialog(page)
 
 
 def _keep_lane_failure(page: Any) -> None:
@@ -369,11 +374,7 @@ def test_widgets_in_jupyterlab(tmp_path: Path) -> None:
                 page.goto(f"{base}/lab/tree/demo.ipynb?token={token}", timeout=90_000)
                 page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
                 # kernel up (python3 from the notebook's metadata: no kernel picker)
-                page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=120_000)
-                _accept_kernel_dialog(page)
-                page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-                page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-                _accept_kernel_dialog(page)
+                _run_all_cells(page)
                 try:
                     page.wait_for_selector(".tnl-timeline:not(.tnl-async) .js-plotly-plot .main-svg", timeout=180_000)
                     # the lane labels, not the transient empty axes plotly draws before the data
