@@ -17,7 +17,6 @@
 #include "neuron.h"
 
 #include <Python.h>
-#include <frameobject.h>
 
 #include <unistd.h>
 
