@@ -553,3 +553,46 @@ def test_a_full_launch_queue_waits_once_until_half_of_it_has_run() -> None:
     assert waits[0].dur_ns >= 50_000_000  # it waited for the sleep
     assert completed >= enqueued - 1101 + 512 and enqueued - completed <= 1101 - 512
     assert x.cpu().tolist() == [1100.0] * 8
+
+
+def _voluntary_switches() -> int:
+    with open("/proc/thread-self/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches in /proc/thread-self/status")
+
+
+@pytest.mark.skipif(not Path("/proc/thread-self/status").exists(), reason="needs Linux /proc")
+def test_a_waiting_host_is_woken_when_its_position_completes_not_at_every_kernel() -> None:
+    # A sleeping waiter was woken at every completion before its position: a host waiting for half of a
+    # full queue woke 512 times, each wake-up a futex syscall on the worker and a context switch on the
+    # kernels' cores. Counted here as the waiting thread's voluntary context switches (sleeps).
+    # kernels of ~10 us on one thread (under ATen's grain size), so the host has a core to wake up on
+    b = torch.zeros(32000, device="neuron")
+    n = 1000
+    torch.neuron.synchronize()
+    torch.neuron._sleep(20)  # the host is asleep before the first of the n kernels completes
+    for _ in range(n):
+        b.sin_()
+    before = _voluntary_switches()
+    t0 = time.perf_counter()
+    torch.neuron.synchronize()
+    waited_s = time.perf_counter() - t0
+    sync_sleeps = _voluntary_switches() - before
+    # one sleep per wake-up; the wait re-checks Ctrl-C every 50 ms, so allow one per 50 ms and a few more
+    assert sync_sleeps <= 5 + int(waited_s / 0.05), (sync_sleeps, waited_s)
+
+    # the same for a host that filled the launch queue and waits until half of it has run
+    a = torch.zeros(512, 512, device="neuron")
+    torch.neuron._sleep(20)
+    before = _voluntary_switches()
+    t0 = time.perf_counter()
+    for _ in range(1100):
+        a.add_(1)
+    launch_s = time.perf_counter() - t0
+    full_sleeps = _voluntary_switches() - before
+    torch.neuron.synchronize()
+    assert full_sleeps <= 5 + int(launch_s / 0.05), (full_sleeps, launch_s)
+    assert a.cpu().eq(1100).all()
+    assert b.cpu().eq(0).all()
