@@ -596,3 +596,44 @@ def test_a_waiting_host_is_woken_when_its_position_completes_not_at_every_kernel
     assert full_sleeps <= 5 + int(launch_s / 0.05), (full_sleeps, launch_s)
     assert a.cpu().eq(1100).all()
     assert b.cpu().eq(0).all()
+
+
+def test_waiters_for_different_positions_are_each_woken_when_theirs_completes() -> None:
+    # Waiters register the lowest position they need and the worker wakes them only when it completes; a
+    # lost wake-up would leave a waiter asleep until its 50 ms re-check. Four host threads and a second
+    # stream's worker (wait_event) wait for four events 30 ms apart on one stream.
+    import threading
+
+    events = []
+    for _ in range(4):
+        torch.neuron._sleep(30)
+        ev = torch.neuron.Event(enable_timing=True)
+        ev.record()
+        events.append(ev)
+    ends: dict[int, float] = {}
+    clock_origin = time.perf_counter()
+    marks = torch.neuron.Event(enable_timing=True)
+
+    def waiter(i: int) -> None:
+        events[i].synchronize()
+        ends[i] = time.perf_counter() - clock_origin
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in (3, 1, 2, 0)]
+    for t in threads:
+        t.start()
+    side = torch.neuron.Stream()
+    side.wait_event(events[1])
+    with torch.neuron.stream(side):
+        marks.record()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    marks.synchronize()
+    done_ms = [events[0].elapsed_time(e) for e in events]  # device times of completion, from the first
+    wake_ms = [(ends[i] - ends[0]) * 1000 for i in range(4)]
+    # each waiter returns within 20 ms of its event (a lost wake-up costs up to 50 ms), in event order
+    assert sorted(ends, key=ends.__getitem__) == [0, 1, 2, 3]
+    for i in range(1, 4):
+        assert abs(wake_ms[i] - done_ms[i]) < 20, (wake_ms, done_ms)
+    # the side stream's worker passed events[1] (not a later one) before its marker
+    assert 0 <= events[1].elapsed_time(marks) < 20
