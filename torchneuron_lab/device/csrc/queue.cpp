@@ -80,8 +80,9 @@ struct StreamQueue {
   std::deque<Work> queue;
   uint64_t enqueued = 0;
   // Written only by the worker, without the lock (one atomic add per kernel); a thread that waits for
-  // it counts itself in `waiters` under the lock first, and the worker takes the lock before notifying
-  // only when someone waits, so no wake-up is lost (see worker_main).
+  // it counts itself in `waiters` and registers its position in `wake_at` under the lock first, and the
+  // worker takes the lock to notify only when a completion reaches `wake_at`, so no wake-up is lost
+  // (wait_completed_locked, notify_completed).
   std::atomic<uint64_t> completed{0};
   std::atomic<int> waiters{0};
   // The lowest position a sleeping waiter needs (UINT64_MAX: none). Waiters lower it under `mu` before
@@ -327,10 +328,6 @@ void reap(StreamQueue& s) {
   tls_reaped.clear();
 }
 
-// Waits for `s` to reach `pos`; true if the host actually blocked. The GIL is released while waiting
-// (a kernel may need it) and never re-taken while a queue lock is held. Bounded by
-// TORCHNEURON_LAB_SYNC_TIMEOUT; on the main thread Ctrl-C is honoured: the device's queued kernels are
-// dropped (the running ones finish), so the queues are drained, and KeyboardInterrupt is raised.
 // Sleeps on `s.cv_done` until `completed >= pos` or `until`; the caller holds `lock` on `s.mu`. The
 // position is stored in `wake_at` before `completed` is read, and the worker adds to `completed` before it
 // reads `wake_at` (all sequentially consistent): either the worker sees this position and notifies, or
@@ -349,6 +346,10 @@ bool wait_completed_locked(StreamQueue& s, std::unique_lock<std::mutex>& lock, u
   return reached;
 }
 
+// Waits for `s` to reach `pos`; true if the host actually blocked. The GIL is released while waiting
+// (a kernel may need it) and never re-taken while a queue lock is held. Bounded by
+// TORCHNEURON_LAB_SYNC_TIMEOUT; on the main thread Ctrl-C is honoured: the device's queued kernels are
+// dropped (the running ones finish), so the queues are drained, and KeyboardInterrupt is raised.
 bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible = true) {
   bool reached;
   {
