@@ -85,12 +85,7 @@ struct StreamQueue {
   // (wait_completed_locked, notify_completed).
   std::atomic<uint64_t> completed{0};
   std::atomic<int> waiters{0};
-  // The lowest position a sleeping waiter needs (UINT64_MAX: none). Waiters lower it under `mu` before
-  // they read `completed`; the worker wakes them only when a completion reaches it and resets it under
-  // `mu`. A host waiting for half a full queue used to be woken at every one of 512 completions: each
-  // wake-up cost the worker a futex syscall and the host a context switch on the kernels' cores (a
-  // 7.6 us gap between 50 us kernels).
-  std::atomic<uint64_t> wake_at{UINT64_MAX};
+  std::atomic<uint64_t> wake_at{UINT64_MAX};  // the lowest position a sleeping waiter needs (MAX: none)
   std::atomic<uint64_t> launched{0};  // = enqueued, readable without the lock (the worker's spin)
   // Finished kernels' closures, destroyed by a host thread (reap): the host allocated their captures, so
   // freeing them there keeps malloc's arena lock off the launch path (cross-thread frees contend).
@@ -769,9 +764,10 @@ void stream_wait_event(int device, int stream, const NeuronEvent* ev) {
   w.run = [other, pos](const Launch&) {
     // A device-side wait: this stream's worker blocks until the other stream passes the marker.
     std::unique_lock<std::mutex> lock(other->mu);
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(sync_timeout_s());
-    const bool reached = wait_completed_locked(
-        *other, lock, pos, std::chrono::time_point_cast<std::chrono::steady_clock::duration>(deadline));
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(sync_timeout_s()));
+    const bool reached = wait_completed_locked(*other, lock, pos, deadline);
     TORCH_CHECK(reached,
                 "a neuron stream waited more than ", sync_timeout_s(), " s for an event on stream ", other->id,
                 " (TORCHNEURON_LAB_SYNC_TIMEOUT)");
