@@ -226,3 +226,45 @@ def test_a_compiled_encoder_with_the_fast_path_off_has_no_host_waits() -> None:
     assert syncs == ["sync: torch.neuron.synchronize()"]
     assert any(e.name == "aten::_scaled_dot_product_flash_attention_for_cpu.default" for e in events)
     torch.testing.assert_close(out.cpu(), ref)
+
+
+@torch.library.custom_op("tnltest::scale_rows", mutates_args=())
+def scale_rows(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return x * s.unsqueeze(1)
+
+
+@scale_rows.register_fake
+def _(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def rows_then_topk(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return torch.ops.tnltest.scale_rows(torch.relu(x), s).topk(3, dim=1).values.sum(dim=1)
+
+
+@pytest.mark.parametrize("queue", [True, False], ids=["queued", "host"])
+def test_a_graph_calling_a_custom_op_runs_and_records_it_under_its_name(queue: bool,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Inductor calls ops it does not lower as they are (torch.ops.<library>.<op>.<overload>): a user's custom
+    # op, transformers' grouped_mm_fallback in Mixtral's experts. Recording wraps them by name; an op outside
+    # aten was wrapped as a namespace, not a callable, and every recorded call raised TypeError.
+    monkeypatch.setenv("TORCHNEURON_LAB_QUEUE_GRAPHS", "1" if queue else "0")
+    x, s = torch.randn(8, 16, device="neuron"), torch.randn(8, device="neuron")
+    n = len(registry.records())
+    ns: dict = {"f": rows_then_topk}
+    exec("def g(a, b):\n    return f(a, b)\n", ns)  # noqa: S102  (a new code object: compiled afresh)
+    fn = torch.compile(ns["g"], backend="neuron", fullgraph=True)
+    expect = rows_then_topk(x.cpu(), s.cpu())
+    torch.testing.assert_close(fn(x, s).cpu(), expect, rtol=0, atol=0)
+    (rec,) = new_records(n)
+    assert rec.launch == ("queued" if queue else "TORCHNEURON_LAB_QUEUE_GRAPHS=0")
+    names = [k["name"] for k in rec.kernels]
+    assert "tnltest::scale_rows.default" in names
+    assert [k["kind"] for k in rec.kernels if k["name"] == "tnltest::scale_rows.default"] == ["aten-fallback"]
+    with recorder.record() as box:
+        out = fn(x, s)
+        torch.neuron.synchronize()
+    torch.testing.assert_close(out.cpu(), expect, rtol=0, atol=0)
+    ev = [e.name for e in box[0].events if e.subgraph == rec.id]
+    # the custom op's eager launch (its mul) is recorded under the name the graph gives it
+    assert ev.count("tnltest::scale_rows.default") == 1

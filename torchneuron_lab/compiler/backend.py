@@ -199,14 +199,17 @@ class _Ns:
         self._inner, self._path, self._wanted = inner, path, wanted
         self._make = make or _TimedOverload
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # a packet called without its overload
+        return self._inner(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         target = getattr(self._inner, name)
         path = f"{self._path}.{name}" if self._path else name
         parts = path.split(".")
-        if parts[0] != "ops":
+        if parts[0] != "ops" or len(parts) > 4:
             res = target
-        elif len(parts) == 4 and parts[1] == "aten":  # ops.aten.<op>.<overload>
-            label = f"aten::{parts[2]}.{parts[3]}"
+        elif len(parts) == 4:  # ops.<namespace>.<op>.<overload>: aten's, a custom op library's, prims' ...
+            label = f"{parts[1]}::{parts[2]}.{parts[3]}"
             res = self._make(target, label) if label in self._wanted else target
         else:
             res = _Ns(target, path, self._wanted, self._make)
@@ -286,11 +289,11 @@ def _kernels_from_source(src: str) -> tuple[list[dict[str, Any]], list[str], dic
             fallbacks.append(f"aten::{em.group(1)}")
             pending_ops = []
             continue
-        am = re.search(r"torch\.ops\.aten\.(\w+)\.(\w+)\(", s)
-        if am:
-            fallbacks.append(f"aten::{am.group(1)}.{am.group(2)}")
-            kernels.append({"name": f"aten::{am.group(1)}.{am.group(2)}", "aten_ops": [f"aten.{am.group(1)}"],
-                            "kind": "aten-fallback"})
+        am = re.search(r"torch\.ops\.(\w+)\.(\w+)\.(\w+)\(", s)
+        if am:  # an op Inductor calls as it is: aten's, or any library's (a custom op, transformers' grouped_mm)
+            ns, op, overload = am.groups()
+            fallbacks.append(f"{ns}::{op}.{overload}")
+            kernels.append({"name": f"{ns}::{op}.{overload}", "aten_ops": [f"{ns}.{op}"], "kind": "aten-fallback"})
             pending_ops = []
     return kernels, sorted(set(fallbacks)), masks
 
