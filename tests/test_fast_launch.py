@@ -127,6 +127,15 @@ def test_errors_are_cpus() -> None:
         torch.ones(3, device="neuron") - True
     with pytest.raises(RuntimeError, match="Boolean alpha only supported for Boolean results"):
         torch.ones(3, device="neuron").add_(torch.ones(3, device="neuron"), alpha=True)
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):  # an alpha the dtype cannot hold: at the call
+        h = torch.ones(4, dtype=dtype, device="neuron")
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.ones(4, dtype=dtype).add_(torch.ones(4, dtype=dtype), alpha=1e300)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            h.add_(h, alpha=1e300)
+        with pytest.raises(RuntimeError, match="without overflow"):
+            torch.sub(h, h, alpha=1e300)
+        assert h.cpu().tolist() == [1.0] * 4
     x = torch.ones(4, device="neuron")
     x.add_(x)  # full overlap is fine, as on CPU
     assert x.cpu().tolist() == [2.0] * 4
@@ -185,17 +194,19 @@ def _launched_behind_a_sleep(launch: Callable[[], object]) -> tuple[object, int,
 
 
 def test_a_pointwise_op_writing_one_of_its_inputs_launches_without_a_host_wait() -> None:
-    # the foreach kernels' in-place loops call mul.out(x, s, out=x): full overlap, no host path
+    # mul.out(x, s, out=x) (what a foreach op's per-tensor loop calls when it is not launched as one):
+    # full overlap, no host path
     xs = [torch.ones(64, 64, device="neuron") for _ in range(3)]
-    torch._foreach_mul_(xs, 1.0)  # the first launch of each plan is checked on the host
-    torch.mul(xs[0], 1.0, out=xs[0])
+    for x in xs:
+        torch.mul(x, 1.0, out=x)  # the first launch of each plan is checked on the host
 
     def launch() -> None:
-        torch._foreach_mul_(xs, 3.0)
+        for x in xs:
+            torch.mul(x, 3.0, out=x)
         torch.mul(xs[0], 2.0, out=xs[0])
 
     _, queued, syncs = _launched_behind_a_sleep(launch)
-    assert queued == 5  # the sleep, three foreach muls and the out= mul, all queued
+    assert queued == 5  # the sleep, three muls and the fourth, all queued
     assert syncs == ["sync: torch.neuron.synchronize()"]
     assert xs[0].cpu().unique().tolist() == [6.0] and xs[2].cpu().unique().tolist() == [3.0]
 
@@ -250,7 +261,7 @@ def test_ops_whose_scalar_arguments_change_at_every_call_launch_without_a_host_w
 
         _, queued, syncs = _launched_behind_a_sleep(launch)
         assert syncs == ["sync: torch.neuron.synchronize()"], (step, syncs)
-        assert queued == 5, step  # the sleep, addcdiv_, the foreach op's two addcdiv_, lerp_: none waited
+        assert queued == 4, step  # the sleep, addcdiv_, the foreach op (one launch), lerp_: none waited
         cpu[0].addcdiv_(cpu[1], cpu[2], value=-size)
         torch._foreach_addcdiv_([cpu[0], cpu[3]], [cpu[1], cpu[4]], [cpu[2], cpu[5]], [-size, -2 * size])
         cpu[0].lerp_(cpu[1], size)
@@ -294,17 +305,24 @@ def test_scalar_arguments_that_decide_the_shape_still_make_their_own_shapes() ->
 def test_a_foreach_op_whose_scalars_change_at_every_call_does_not_rerun_its_python_meta_kernel() -> None:
     # Adam/AdamW (foreach, the default on neuron) pass new step sizes at every step as a Scalar list:
     # `_foreach_addcdiv_(params, exp_avgs, denoms, step_sizes)`, `_foreach_div_(sqrts, bias_corrections)`,
-    # which run as one in-place op per tensor (`addcdiv_`, whose Meta kernel is Python: ~35 us a call).
+    # each launched as one op, and per tensor (`addcdiv_`, whose Meta kernel is Python: ~35 us a call) where
+    # a foreach op is not launched as one (and in optimizers with foreach=False).
     # Values of an in-place elementwise op's float Scalars decide neither sizes nor dtypes: its launched
     # plan holds without running the Meta kernel again.
     gen = torch.Generator().manual_seed(5)
     cpu = [[torch.randn(8, 8, generator=gen) for _ in range(3)] for _ in range(3)]
     cpu[2] = [d.abs() + 1 for d in cpu[2]]
     dev = [[t.to("neuron") for t in ts] for ts in cpu]
+
+    def per_tensor(ps: list, ms: list, ds: list, sizes: list[float]) -> None:
+        for p, m, d, v in zip(ps, ms, ds, sizes):
+            p.addcdiv_(m, d, value=v)
+
     for step in range(1, 4):  # the first launch is checked on the host, the next ones are launched
         for ps, ms, ds in (cpu, dev):
             torch._foreach_addcdiv_(ps, ms, ds, [-0.01 * step, -0.02 * step, -0.03 * step])
             torch._foreach_div_(ms, [1.0 + 0.1 * step] * 3)
+            per_tensor(ps, ms, ds, [0.01 * step, 0.02 * step, 0.03 * step])
     files: list[str] = []
 
     def profile(frame: object, event: str, arg: object) -> None:
@@ -316,15 +334,18 @@ def test_a_foreach_op_whose_scalars_change_at_every_call_does_not_rerun_its_pyth
         try:
             torch._foreach_addcdiv_(dev[0], dev[1], dev[2], [-0.5, -0.25, -0.125])
             torch._foreach_div_(dev[1], [1.5, 1.25, 1.125])
+            per_tensor(dev[0], dev[1], dev[2], [0.5, 0.25, 0.125])
         finally:
             sys.setprofile(None)
 
     _, queued, syncs = _launched_behind_a_sleep(launch)
     meta = sorted({f for f in files if "_meta_registrations" in f or "/_refs/" in f or "/_prims" in f})
     assert meta == [], meta
-    assert queued == 7 and syncs == ["sync: torch.neuron.synchronize()"]  # the sleep, 3 addcdiv_, 3 div_
+    # the sleep, the two foreach ops (one launch each), three addcdiv_
+    assert queued == 6 and syncs == ["sync: torch.neuron.synchronize()"]
     torch._foreach_addcdiv_(cpu[0], cpu[1], cpu[2], [-0.5, -0.25, -0.125])
     torch._foreach_div_(cpu[1], [1.5, 1.25, 1.125])
+    per_tensor(cpu[0], cpu[1], cpu[2], [0.5, 0.25, 0.125])
     for got, want in zip(dev[0] + dev[1], cpu[0] + cpu[1]):
         assert torch.equal(got.cpu(), want)
 

@@ -449,6 +449,7 @@ void init_module(py::module& m) {
   install_backend_meta_serialization();
   const int routed = route_composites_to_fallback();
   m.attr("routed_composite_ops") = routed;
+  m.attr("foreach_launch_ops") = route_foreach_to_launch();
 
   m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
   m.def("runtime_started", &runtime_started);

@@ -1955,6 +1955,21 @@ at::Tensor flat_cpu(void* ptr, int64_t numel, at::ScalarType dtype) {
   return at::Tensor(std::move(impl));
 }
 
+bool scalar_fits(const c10::Scalar& s, at::ScalarType dtype) {
+  if (s.isComplex() || s.isSymbolic() || s.isBoolean()) return false;
+  try {  // CPU's conversion of the value to the tensor's dtype raises on overflow: leave that to it, at once
+    switch (dtype) {
+      case at::kHalf: (void)s.to<at::Half>(); break;
+      case at::kBFloat16: (void)s.to<at::BFloat16>(); break;
+      case at::kFloat: (void)s.to<float>(); break;
+      default: (void)s.to<double>(); break;
+    }
+  } catch (const std::exception&) {  // (c10's overflow report is a std::runtime_error)
+    return false;
+  }
+  return true;
+}
+
 bool try_fast_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (worker_stream() >= 0 || launch_blocking()) return false;
   const FastEntry* fe = fast_entry(op);
@@ -1973,7 +1988,8 @@ bool try_fast_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const c10::IValue& av = (*stack)[base + 2];
     if (!av.isScalar()) return false;
     alpha = av.toScalar();
-    if (alpha.isComplex() || alpha.isSymbolic() || alpha.isBoolean()) return false;  // CPU's checks, at once
+    // CPU's checks, at once: a complex or bool alpha, one that overflows the dtype (`half.add_(h, alpha=1e6)`)
+    if (!scalar_fits(alpha, self.scalar_type())) return false;
   }
   const int device = self.device().index();
   const bool number = other.is_cpu() && other.unsafeGetTensorImpl()->is_wrapped_number();
@@ -2084,6 +2100,286 @@ bool try_fast_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void fast_or_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   if (!try_fast_launch(op, stack)) neuron_fallback(op, ks, stack);
+}
+
+// ------------------------------------------------------------------------------------------------
+// One launch per foreach op. `_foreach_*` ops have no CPU kernel: their CompositeExplicitAutograd kernel
+// loops over the lists calling the per-tensor op, which on neuron made one launch per tensor (an AdamW
+// step of a 27-parameter model: ~190 launches, each the general path's host cost). CUDA runs a foreach op
+// as one multi-tensor kernel; here the host checks the lists, allocates a functional op's outputs and
+// enqueues one closure, and the worker runs the same composite loop on CPU views of the device memory:
+// the same per-tensor CPU kernels in the same order, so the results are CPU's bit for bit. Anything the
+// per-tensor path might reject (broadcasting, mixed dtypes or devices, non-dense tensors, partial overlap
+// with a written tensor, a scalar that does not fit the dtype, other argument types) takes the composite
+// loop on the host as before, which raises CPU's errors at once.
+
+struct ForeachKind {
+  bool eligible = false;
+  bool in_place = false;  // returns (), writes argument 0 (a Tensor[]); else returns one Tensor[]
+};
+
+const ForeachKind& foreach_kind(const c10::OperatorHandle& op) {
+  static std::mutex mu;
+  static std::unordered_map<const c10::FunctionSchema*, ForeachKind> cache;
+  const c10::FunctionSchema* sch = &op.schema();
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(sch);
+  if (it != cache.end()) return it->second;
+  ForeachKind k;
+  const auto& args = sch->arguments();
+  const auto& rets = sch->returns();
+  bool ok = !args.empty() && args[0].type()->kind() == c10::TypeKind::ListType &&
+            args[0].type()->containedType(0)->kind() == c10::TypeKind::TensorType;
+  for (size_t i = 1; ok && i < args.size(); ++i) {
+    const auto& a = args[i];
+    if (a.alias_info() && a.alias_info()->isWrite()) ok = false;  // only argument 0 may be written
+  }
+  if (ok && rets.empty() && args[0].alias_info() && args[0].alias_info()->isWrite()) {
+    k.in_place = true;
+  } else if (ok && rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType &&
+             !(args[0].alias_info() && args[0].alias_info()->isWrite())) {
+    // functional: elementwise only if its in-place twin exists (`_foreach_sqrt` / `_foreach_sqrt_`);
+    // reductions (`_foreach_norm`, `_foreach_max`) have none
+    auto twin = c10::Dispatcher::singleton().findOp({sch->name() + "_", sch->overload_name()});
+    ok = twin.has_value();
+  } else {
+    ok = false;
+  }
+  k.eligible = ok;
+  return cache.emplace(sch, k).first->second;
+}
+
+struct DenseRef {
+  void* ptr;
+  c10::SmallVector<int64_t, 4> sizes;
+  at::ScalarType dtype;
+};
+
+at::Tensor dense_cpu(const DenseRef& r) {
+  int64_t numel = 1;
+  for (int64_t s : r.sizes) numel *= s;
+  const size_t nbytes = static_cast<size_t>(numel) * c10::elementSize(r.dtype);
+  auto st = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), nbytes,
+                                                  c10::DataPtr(numel ? r.ptr : nullptr, c10::Device(c10::kCPU)),
+                                                  nullptr, false);
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(std::move(st)),
+                                                   c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   c10::scalarTypeToTypeMeta(r.dtype));
+  impl->set_sizes_contiguous(r.sizes);
+  return at::Tensor(std::move(impl));
+}
+
+DenseRef dense_ref(const at::Tensor& t) {
+  return {t.numel() ? t.data_ptr() : nullptr, c10::SmallVector<int64_t, 4>(t.sizes().begin(), t.sizes().end()),
+          t.scalar_type()};
+}
+
+bool try_foreach_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (worker_stream() >= 0 || launch_blocking()) return false;
+  const ForeachKind& kind = foreach_kind(op);
+  if (!kind.eligible) return false;
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  const c10::IValue& v0 = (*stack)[base];
+  if (!v0.isTensorList()) return false;
+  const c10::List<at::Tensor> self = v0.toTensorList();
+  const size_t n = self.size();
+  if (n == 0) return false;
+  int device = -1;
+  auto on_device = [&](const at::Tensor& t) {
+    if (!fast_dense(t)) return false;
+    if (device < 0) device = t.device().index();
+    return t.device().index() == device;
+  };
+  c10::SmallVector<at::ScalarType, 32> dtypes;
+  c10::SmallVector<c10::IntArrayRef, 32> sizes;
+  for (size_t j = 0; j < n; ++j) {
+    const at::Tensor& t = self.get(j);
+    if (!on_device(t)) return false;
+    dtypes.push_back(t.scalar_type());
+  }
+  for (size_t j = 0; j < n; ++j) sizes.push_back(self.get(j).sizes());  // (self holds the tensors)
+
+  // Arguments as the worker rebuilds them: lists and 0-d tensors by raw pointer, the rest as they are.
+  struct Arg {
+    enum Kind : uint8_t { List, Tensor, Value } kind;
+    std::vector<DenseRef> refs;
+    c10::IValue value;
+  };
+  std::vector<Arg> args(nargs);
+  std::unordered_map<const c10::StorageImpl*, size_t> written;  // storage -> index in self (in place)
+  if (kind.in_place) {
+    written.reserve(n);
+    for (size_t j = 0; j < n; ++j)
+      if (!written.emplace(self.get(j).storage().unsafeGetStorageImpl(), j).second) return false;
+  }
+  // A tensor read next to the written list may share memory with a written tensor only as that very tensor
+  // (same index, same view: the per-tensor op's full overlap); anything else is CPU's overlap error.
+  auto read_ok = [&](const at::Tensor& t, size_t j) {
+    if (written.empty()) return true;
+    auto it = written.find(t.storage().unsafeGetStorageImpl());
+    if (it == written.end()) return true;
+    const at::Tensor& w = self.get(it->second);
+    return it->second == j && w.data_ptr() == t.data_ptr() && w.sizes().equals(t.sizes());
+  };
+  int64_t bytes_read = 0;
+  for (size_t j = 0; j < n; ++j) bytes_read += nbytes_of(self.get(j));
+  args[0].kind = Arg::List;
+  args[0].refs.reserve(n);
+  for (size_t j = 0; j < n; ++j) args[0].refs.push_back(dense_ref(self.get(j)));
+  for (size_t i = 1; i < nargs; ++i) {
+    const c10::IValue& v = (*stack)[base + i];
+    Arg& a = args[i];
+    if (v.isTensorList()) {
+      const c10::List<at::Tensor> l = v.toTensorList();
+      if (l.size() != n) return false;
+      a.kind = Arg::List;
+      a.refs.reserve(n);
+      for (size_t j = 0; j < n; ++j) {
+        const at::Tensor& t = l.get(j);
+        if (!on_device(t) || t.scalar_type() != dtypes[j] || !t.sizes().equals(sizes[j]) || !read_ok(t, j))
+          return false;
+        a.refs.push_back(dense_ref(t));
+        bytes_read += nbytes_of(t);
+      }
+    } else if (v.isTensor()) {  // a 0-d device tensor read as a scalar (`_foreach_mul_.Tensor`, a tensor lr)
+      const at::Tensor& t = v.toTensor();
+      if (!on_device(t) || t.dim() != 0 || !read_ok(t, SIZE_MAX)) return false;
+      for (at::ScalarType d : dtypes)
+        if (d != t.scalar_type()) return false;
+      a.kind = Arg::Tensor;
+      a.refs.push_back(dense_ref(t));
+      bytes_read += nbytes_of(t);
+    } else if (v.isScalar()) {
+      const c10::Scalar sc = v.toScalar();
+      for (at::ScalarType d : dtypes)
+        if (!scalar_fits(sc, d)) return false;
+      a.kind = Arg::Value;
+      a.value = v;
+    } else if (v.isList()) {  // Scalar[]: one per tensor
+      const auto l = v.toListRef();
+      if (l.size() != n) return false;
+      for (size_t j = 0; j < n; ++j)
+        if (!l[j].isScalar() || !scalar_fits(l[j].toScalar(), dtypes[j])) return false;
+      a.kind = Arg::Value;
+      a.value = v;
+    } else {
+      return false;
+    }
+  }
+  check_not_in_bad_fork();
+
+  const OpMeta& meta = op_meta(op);
+  SigBuilder sig{reinterpret_cast<uint64_t>(&schema), {}};
+  for (size_t j = 0; j < n; ++j) note_tensor_sig(sig, self.get(j));
+  auto describe = [&]() {
+    std::ostringstream o;
+    o << meta.name << "(" << n << " x ";
+    for (size_t j = 0; j < n && j < 4; ++j) o << (j ? ", " : "") << dtype_name(dtypes[j]) << shape_str(sizes[j]);
+    o << (n > 4 ? ", ...)" : ")");
+    return o.str();
+  };
+  const bool new_sig = note_signature(device, sig.hash, describe);
+  const bool rec = recording();
+  c10::List<at::Tensor> outs;
+  std::vector<DenseRef> out_refs;
+  if (!kind.in_place) {
+    std::optional<c10::DeviceGuard> guard;
+    if (current_device() != device) guard.emplace(c10::Device(kNeuron, device));
+    outs.reserve(n);
+    out_refs.reserve(n);
+    for (size_t j = 0; j < n; ++j) {
+      outs.push_back(at::detail::empty_generic(sizes[j], neuron_allocator(),
+                                               c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dtypes[j],
+                                               c10::MemoryFormat::Contiguous));
+      out_refs.push_back(dense_ref(outs.get(j)));
+    }
+  }
+  EventRecord ev;
+  if (rec) {
+    ev.kind = EventKind::Kernel;
+    ev.engine = meta.engine;
+    ev.device = static_cast<int8_t>(device);
+    ev.name_id = meta.name_id;
+    const LaunchTag& tag = launch_tag();
+    ev.subgraph = tag.subgraph;
+    if (tag.name_id >= 0) ev.name_id = tag.name_id;
+    ev.bytes_read = bytes_read;
+    int64_t w = 0;
+    for (size_t j = 0; j < n; ++j) w += nbytes_of(kind.in_place ? self.get(j) : outs.get(j));
+    ev.bytes_written = w;
+    ev.new_signature = new_sig;
+    if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
+    if (record_shapes_enabled() && ev.shapes_id < 0) {
+      std::string d = describe();
+      ev.shapes_id = intern_string(d.substr(d.find('(')));
+      ev.dtypes_id = intern_string(dtype_name(dtypes[0]));
+    }
+  } else if (new_sig) {
+    int32_t a, b;
+    take_pending_signature(meta.name_id, &a, &b);
+  }
+
+  Work w;
+  w.device = device;
+  w.stream = current_stream(device);
+  w.launch = begin_launch(meta.name_id);
+  const OpMeta* m = &meta;
+  w.run = [op, args = std::move(args), out_refs = std::move(out_refs), in_place = kind.in_place, device, m, rec,
+           ev, stream = w.stream](const Launch& l) {
+    const int64_t t0 = now_ns();
+    try {
+      RedirectGuard host(-1);
+      at::AutoDispatchBelowADInplaceOrView below;  // CPU views of device memory: no autograd to track
+      torch::jit::Stack st;
+      st.reserve(args.size());
+      for (const Arg& a : args) {
+        if (a.kind == Arg::List) {
+          c10::List<at::Tensor> l;
+          l.reserve(a.refs.size());
+          for (const DenseRef& r : a.refs) l.push_back(dense_cpu(r));
+          st.emplace_back(std::move(l));
+        } else if (a.kind == Arg::Tensor) {
+          st.emplace_back(dense_cpu(a.refs[0]));
+        } else {
+          st.push_back(a.value);
+        }
+      }
+      if (in_place) {
+        op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &st);
+      } else {
+        std::vector<at::Tensor> targets;
+        targets.reserve(out_refs.size());
+        c10::SmallVector<PlacementGuard::Slot, 32> slots;
+        for (const DenseRef& r : out_refs) {
+          targets.push_back(dense_cpu(r));
+          if (targets.back().storage().nbytes() > 0)
+            slots.push_back({targets.back().storage().mutable_data(), targets.back().storage().nbytes(), false});
+        }
+        {
+          PlacementGuard place(slots.data(), slots.size());
+          op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), &st);
+        }
+        land_results(st, targets, slots);
+      }
+    } catch (c10::Error& e) {
+      e.add_context("while running " + m->name + " on neuron:" + std::to_string(device) + " (stream " +
+                    std::to_string(stream) + ", emulated NeuronCore, host kernels)");
+      throw;
+    }
+    if (rec && recording()) push_launched_event(ev, t0, now_ns(), stream, l);
+  };
+  enqueue(std::move(w));
+  stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  if (!kind.in_place) stack->emplace_back(std::move(outs));
+  return true;
+}
+
+// Not launched as one: the composite loop (the kernel in the CPU slot of the dispatch table), whose
+// per-tensor ops dispatch on neuron as before.
+void foreach_launch_or_loop(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+  if (!try_foreach_launch(op, stack)) op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
 }
 
 }  // namespace
@@ -2213,6 +2509,33 @@ int route_composites_to_fallback() {
                                                          "contiguous", "detach", "_reshape_copy"};
     if (keep.count(name.name.substr(6))) continue;
     lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    ++n;
+  }
+  return n;
+}
+
+
+// Every `_foreach_*` op that only has its composite loop (no CPU or PrivateUse1 kernel of its own) gets
+// the one-launch kernel above on neuron. Returns the number of operators registered.
+int route_foreach_to_launch() {
+  static std::unique_ptr<torch::Library> lib;
+  if (lib) return -1;
+  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
+                                         __LINE__);
+  int n = 0;
+  auto& disp = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : disp.getAllOpNames()) {
+    if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
+    auto op = disp.findOp(name);
+    if (!op.has_value() || !op->hasSchema()) continue;
+    if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
+        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
+      continue;
+    if (!foreach_kind(*op).eligible) continue;
+    const std::string full = name.overload_name.empty() ? name.name.substr(6)
+                                                        : name.name.substr(6) + "." + name.overload_name;
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_launch_or_loop>());
     ++n;
   }
   return n;

@@ -282,5 +282,6 @@ void install_profiler_stubs();
 void install_hooks();
 void install_backend_meta_serialization();  // serialization.cpp
 int route_composites_to_fallback();
+int route_foreach_to_launch();  // kernels.cpp: one launch per `_foreach_*` op
 
 }  // namespace tnl
