@@ -450,6 +450,11 @@ void init_module(py::module& m) {
   const int routed = route_composites_to_fallback();
   m.attr("routed_composite_ops") = routed;
   m.attr("foreach_launch_ops") = route_foreach_to_launch();
+  m.def("launch_path_counts", [] {
+    py::dict d;
+    for (const auto& [k, v] : launch_path_counts()) d[py::str(k)] = v;
+    return d;
+  });
 
   m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
   m.def("runtime_started", &runtime_started);

@@ -57,6 +57,14 @@
 namespace tnl {
 namespace {
 
+// How launches went (launch_path_counts(): a diagnostic of where host time goes): the general path queued,
+// the fast path, one foreach launch, a plan's first launch checked on the host (waits for the stream,
+// unrecorded), any other host-path run that waits for the stream, a host run on memory no kernel uses, and
+// (counted among the queued too) a new key launched unchecked because its structure is trusted.
+enum LaunchPath { kQueued, kFast, kForeach, kPlanCheck, kHostWait, kHostNow, kTrusted, kNumPaths };
+std::array<std::atomic<uint64_t>, kNumPaths> g_paths{};
+inline void count_path(LaunchPath p) { g_paths[p].fetch_add(1, std::memory_order_relaxed); }
+
 // ------------------------------------------------------------------------------------------------
 // Op metadata (computed once per operator schema)
 
@@ -637,7 +645,34 @@ void store_plan(std::vector<int64_t> key, std::shared_ptr<const LaunchPlan> plan
   g_plans.insert_or_assign(std::move(key), std::move(plan));
 }
 
-void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& k) {
+// A plan's *structure*: its key with each tensor's sizes and strides abstracted (plan_key(abstract=true)).
+// Every plan key is checked against the CPU kernel at its first launch, on the host after a wait for the
+// stream; code whose shapes change at every step (a mixture of experts routes a different number of tokens
+// to each expert) paid that wait at every new shape, ~10 times a Mixtral step. Once kTrustAfter keys of a
+// structure matched the CPU kernel and none of it ever differed (in strides or anything else), a new key of
+// that structure is launched with its Meta plan at once; one that differs marks the structure for good.
+struct StructureRecord {
+  int confirmed = 0;
+  bool differed = false;
+};
+constexpr int kTrustAfter = 3;
+std::unordered_map<std::vector<int64_t>, StructureRecord, KeyHash> g_structures;  // under g_plans_mu
+
+bool structure_trusted(const std::vector<int64_t>& skey) {
+  std::lock_guard<std::mutex> lock(g_plans_mu);
+  auto it = g_structures.find(skey);
+  return it != g_structures.end() && !it->second.differed && it->second.confirmed >= kTrustAfter;
+}
+void note_structure(const std::vector<int64_t>& skey, bool matched) {
+  if (skey.empty()) return;
+  std::lock_guard<std::mutex> lock(g_plans_mu);
+  if (g_structures.size() >= kMaxPlans) g_structures.clear();
+  StructureRecord& r = g_structures[skey];
+  if (matched) ++r.confirmed;
+  else r.differed = true;
+}
+
+void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& k, bool abstract = false) {
   if (!t.defined()) {
     k.push_back(-1);
     return;
@@ -657,6 +692,28 @@ void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& 
   k.push_back(group == -1 ? (t.is_cpu() ? -3 : -4) : group);
   k.push_back(static_cast<int64_t>(t.scalar_type()));
   k.push_back(t.dim());
+  if (abstract) {
+    // A plan's structure (see StructureRecord): each size as empty / one / more, the layout as the order of
+    // the strides of dims larger than one (zero strides marked), an offset or not, whether the storage holds
+    // exactly this tensor; the same flags.
+    for (int64_t v : t.sizes()) k.push_back(v == 0 ? 0 : v == 1 ? 1 : 2);
+    const int64_t d = t.dim();
+    for (int64_t i = 0; i < d; ++i) {
+      int64_t rank = 0;
+      const int64_t si = t.stride(i);
+      if (t.size(i) > 1 && si == 0) rank = -1;
+      else if (t.size(i) > 1)
+        for (int64_t j = 0; j < d; ++j)
+          if (j != i && t.size(j) > 1 && (t.stride(j) > si || (t.stride(j) == si && j < i))) ++rank;
+      k.push_back(t.size(i) > 1 ? rank : -2);
+    }
+    k.push_back(t.storage_offset() != 0);
+    k.push_back((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0) | (t._is_zerotensor() ? 4 : 0) |
+                (t.unsafeGetTensorImpl()->is_wrapped_number() ? 8 : 0));
+    if (group >= 0)
+      k.push_back(static_cast<int64_t>(cs.ins[group].nbytes) == t.numel() * static_cast<int64_t>(t.element_size()));
+    return;
+  }
   for (int64_t v : t.sizes()) k.push_back(v);
   for (int64_t v : t.strides()) k.push_back(v);
   k.push_back(t.storage_offset());
@@ -707,7 +764,8 @@ bool floating_tensor(const at::Tensor& t) {
 // The cache key of a launch (`vals`: the Scalar values it leaves out, see LaunchPlan), or false for
 // arguments it does not describe (then no cache).
 bool plan_key(const c10::FunctionSchema& schema, const OpMeta& meta, const torch::jit::Stack& stack, size_t base,
-              size_t nargs, const CallState& cs, std::vector<int64_t>& k, std::vector<int64_t>& vals) {
+              size_t nargs, const CallState& cs, std::vector<int64_t>& k, std::vector<int64_t>& vals,
+              bool abstract = false) {
   k.reserve(32);
   k.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(&schema)));
   bool floats = true;  // every tensor argument floating or complex (see key_number)
@@ -739,17 +797,17 @@ bool plan_key(const c10::FunctionSchema& schema, const OpMeta& meta, const torch
     }
     if (v.isTensor()) {
       k.push_back(-101);
-      key_tensor(v.toTensor(), cs, k);
+      key_tensor(v.toTensor(), cs, k, abstract);
     } else if (v.isTensorList()) {
       k.push_back(-102);
       auto l = v.toTensorList();
       k.push_back(static_cast<int64_t>(l.size()));
-      for (const at::Tensor& t : l) key_tensor(t, cs, k);
+      for (const at::Tensor& t : l) key_tensor(t, cs, k, abstract);
     } else if (v.isOptionalTensorList()) {
       k.push_back(-103);
       auto l = v.toOptionalTensorList();
       k.push_back(static_cast<int64_t>(l.size()));
-      for (const std::optional<at::Tensor>& t : l) key_tensor(t.has_value() ? *t : at::Tensor(), cs, k);
+      for (const std::optional<at::Tensor>& t : l) key_tensor(t.has_value() ? *t : at::Tensor(), cs, k, abstract);
     } else if (v.isNone()) {
       k.push_back(-104);
     } else if (v.isInt()) {
@@ -945,6 +1003,7 @@ std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMet
 struct PendingPlan {
   std::shared_ptr<LaunchPlan> plan;
   std::vector<int64_t> key;
+  std::vector<int64_t> skey;  // its structure (empty: not counted)
 };
 
 // Walks a launch's results (the returns on the stack from `rbase`) against the plan's returns: `each(t, out)`
@@ -1092,11 +1151,20 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     if (!keyed) return false;  // nothing to remember it by: the host path, always
     if (made->host_path) {
       store_plan(key, std::move(made));
-    } else {
+      return false;
+    }
+    std::vector<int64_t> skey, svals;
+    if (!plan_key(schema, meta, *stack, base, nargs, cs, skey, svals, /*abstract=*/true)) skey.clear();
+    if (skey.empty() || !structure_trusted(skey)) {
       pending->plan = std::move(made);  // checked against the CPU kernel by this (host path) launch
       pending->key = key;
+      pending->skey = std::move(skey);
+      return false;
     }
-    return false;
+    made->confirmed = true;  // a new shape of a structure the CPU kernel confirmed (StructureRecord)
+    store_plan(key, made);
+    plan = std::move(made);
+    count_path(kTrusted);
   }
   if (plan->vals != vals && plan->in_place_only && meta.pointwise) {
     // An elementwise op that writes only its arguments, launched before, with other float Scalar values
@@ -1417,8 +1485,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   if (worker_stream() < 0) {
     // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every kernel runs on the host at its launch (errors raised there)
     if (async_ok && !cs.cpu_outputs && !launch_blocking() &&
-        launch_async(op, meta, stack, base, nargs, cs, new_sig, rec, bytes_read, in_for_flops, &pending))
+        launch_async(op, meta, stack, base, nargs, cs, new_sig, rec, bytes_read, in_for_flops, &pending)) {
+      count_path(kQueued);
       return;
+    }
     // A sync op (data-dependent shape, a value) is a synchronisation point: always recorded. Any other
     // op on the host path (no Meta kernel, the first launch of a plan) is recorded only if it waited.
     // The first launch of a plan waits too, unrecorded: it is the emulator's own check of the plan (like a
@@ -1428,11 +1498,14 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       // empty until the kernel sizes it): nothing a queued kernel writes is read, so the host runs it now
       // (a plan's first launch too), on memory no queued kernel uses, instead of waiting for the stream.
       host_now.emplace();
+      count_path(kHostNow);
     } else if (!meta.view_only && pending.plan) {
+      count_path(kPlanCheck);
       const int st = current_stream(cs.device);
       wait_position_quiet(cs.device, st, stream_enqueued(cs.device, st));
       raise_async_error(cs.device);
     } else if (!meta.view_only) {
+      count_path(kHostWait);
       synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(),
                          /*record_always=*/meta.sync || !async_ok);
     }
@@ -1541,7 +1614,9 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     }
   }
   if (pending.plan) {
-    if (plan_matches(*pending.plan, *stack, rbase, nret, cs)) {
+    const bool matched = plan_matches(*pending.plan, *stack, rbase, nret, cs);
+    note_structure(pending.skey, matched);
+    if (matched) {
       pending.plan->confirmed = true;
       store_plan(std::move(pending.key), pending.plan);
     } else if (auto cpu_layout = plan_with_cpu_strides(*pending.plan, *stack, rbase, nret, cs)) {
@@ -2093,6 +2168,7 @@ bool try_fast_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (rec && recording()) push_launched_event(ev, t0, now_ns(), stream, l);
   };
   enqueue(std::move(w));
+  count_path(kFast);
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   stack->emplace_back(std::move(out));
   return true;
@@ -2371,6 +2447,7 @@ bool try_foreach_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack)
     if (rec && recording()) push_launched_event(ev, t0, now_ns(), stream, l);
   };
   enqueue(std::move(w));
+  count_path(kForeach);
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   if (!kind.in_place) stack->emplace_back(std::move(outs));
   return true;
@@ -2517,6 +2594,14 @@ int route_composites_to_fallback() {
 
 // Every `_foreach_*` op that only has its composite loop (no CPU or PrivateUse1 kernel of its own) gets
 // the one-launch kernel above on neuron. Returns the number of operators registered.
+std::vector<std::pair<std::string, uint64_t>> launch_path_counts() {
+  static const char* names[kNumPaths] = {"queued",    "fast",     "foreach", "plan_check",
+                                         "host_wait", "host_now", "trusted_new_shape"};
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (int i = 0; i < kNumPaths; ++i) out.emplace_back(names[i], g_paths[i].load(std::memory_order_relaxed));
+  return out;
+}
+
 int route_foreach_to_launch() {
   static std::unique_ptr<torch::Library> lib;
   if (lib) return -1;

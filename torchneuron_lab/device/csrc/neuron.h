@@ -283,5 +283,7 @@ void install_hooks();
 void install_backend_meta_serialization();  // serialization.cpp
 int route_composites_to_fallback();
 int route_foreach_to_launch();  // kernels.cpp: one launch per `_foreach_*` op
+// kernels.cpp: launches per path since start (queued, fast, foreach, plan_check, host_wait, host_now)
+std::vector<std::pair<std::string, uint64_t>> launch_path_counts();
 
 }  // namespace tnl
