@@ -623,6 +623,22 @@ def test_backward_kernels_and_new_signatures_are_located_with_their_shapes(ip: A
             in str(prof))
 
 
+def test_backward_kernels_that_run_after_backward_returned_keep_its_line(ip: Any) -> None:
+    # Asynchronous execution: behind a 200 ms device sleep, backward()'s kernels run after the call returned.
+    # They belong to the call that launched them (attributed by launch time, not by when they ran).
+    run(ip, "bz = torch.randn(16, 8, device='neuron', requires_grad=True)\nbzl = torch.nn.Linear(8, 4).to('neuron')\n"
+            "bzo = bzl(bz).relu().sum()\nbzo.backward(retain_graph=True)\nbzo.backward(retain_graph=True)")
+    r = ip.run_cell("%%neuron_profile -q\ntorch.neuron._sleep(200)\nbzo.backward(retain_graph=True)",
+                    store_history=True)
+    assert r.error_in_exec is None
+    n = r.execution_count
+    prof = ip.user_ns["_neuron_profile"]
+    kernels = [(e.name, e.location) for e in prof.events if e.kind == "kernel"]
+    assert kernels[:2] == [("neuron::_sleep", f"cell [{n}], line 2"), ("aten::fill_.Scalar", f"cell [{n}], line 3")]
+    bwd = kernels[2:]  # the engine's, on its device thread: threshold_backward, mm x2, sum, grad accumulation
+    assert len(bwd) >= 4 and {loc for _, loc in bwd} == {f"cell [{n}], line 3 (backward)"}, kernels
+
+
 def test_dynamo_printed_warnings_are_captured_not_repeated(ip: Any, capfd: Any) -> None:
     """Dynamo's own graph-break warning block is not printed above the lab's table that says the same."""
     run(ip, "dq = torch.ones(4, device='neuron')\ndef dqf(t):\n    s = (t * 2).sum().item()\n    return t + s")

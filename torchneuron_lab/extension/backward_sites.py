@@ -5,7 +5,8 @@ frames, so the recorder cannot give those kernels a source line. The line the us
 ``loss.backward()`` / ``torch.autograd.grad(...)`` call that the host thread is blocked in meanwhile.
 :class:`BackwardSites` records, while it is active, each such call's span (monotonic clock, the
 recorder's clock) and its caller's location; :func:`attribute` gives every event without a location
-that started inside a span the source ``"<call site> (backward)"``.
+that was launched inside a span (its host launch time; a kernel may run after the call returned) the
+source ``"<call site> (backward)"``.
 """
 
 from __future__ import annotations
@@ -66,6 +67,10 @@ class BackwardSites:
         self._saved.clear()
 
 
+def _launched_at(host_start_ns: int | None, start_ns: int) -> int:
+    return host_start_ns if host_start_ns else start_ns
+
+
 def attribute(trace: Any, spans: list[tuple[int, int, str]]) -> int:
     """Give events without a location that started inside a backward span that span's call site
     (``"cell [3], line 7 (backward)"``); returns how many events were attributed."""
@@ -79,7 +84,8 @@ def attribute(trace: Any, spans: list[tuple[int, int, str]]) -> int:
         for e in trace.events:
             label = None
             if e.location is None:
-                label = next((s for t0, t1, s in spans if t0 <= e.start_ns <= t1), None)
+                at = _launched_at(e.host_start_ns, e.start_ns)
+                label = next((s for t0, t1, s in spans if t0 <= at <= t1), None)
             if label is not None:
                 count += 1
                 e = dataclasses.replace(e, source=f"{label} (backward)")
@@ -95,7 +101,12 @@ def attribute(trace: Any, spans: list[tuple[int, int, str]]) -> int:
     n_stacks = len(frames)
     no_loc = np.array([not (0 <= i < n_stacks) or sources[i] is None and not frames[i]
                        for i in stack.tolist()], dtype=bool)
-    start = a["start_ns"]
+    # a kernel belongs to the backward call that *launched* it: it may run on the device after the call
+    # returned (asynchronous execution); events without a host launch span (host-side ones) by their start
+    start = np.asarray(a["start_ns"])
+    if "host_start_ns" in a:
+        host = np.asarray(a["host_start_ns"])
+        start = np.where(host > 0, host, start)
     count = 0
     for t0, t1, site in spans:
         idx = no_loc & (start >= t0) & (start <= t1)
