@@ -1116,6 +1116,39 @@ void land_results(torch::jit::Stack& st, const std::vector<at::Tensor>& targets,
     if (!in_place(*dst, t)) dst->copy_(t);
 }
 
+// A queued kernel's event as every launch path records it: the op (or the name a compiled graph's code gives
+// it), its graph, the bytes read and written, the signature taken if it is new. Not recording: a new
+// signature's pending description is dropped, and the event stays empty.
+EventRecord kernel_event(const OpMeta& meta, int device, bool rec, bool new_sig, int64_t bytes_read,
+                         int64_t bytes_written) {
+  EventRecord ev;
+  if (!rec) {
+    if (new_sig) {
+      int32_t a, b;
+      take_pending_signature(meta.name_id, &a, &b);
+    }
+    return ev;
+  }
+  ev.kind = EventKind::Kernel;
+  ev.engine = meta.engine;
+  ev.device = static_cast<int8_t>(device);
+  ev.name_id = meta.name_id;
+  const LaunchTag& tag = launch_tag();
+  ev.subgraph = tag.subgraph;
+  if (tag.name_id >= 0) ev.name_id = tag.name_id;
+  ev.bytes_read = bytes_read;
+  ev.bytes_written = bytes_written;
+  ev.new_signature = new_sig;
+  if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
+  return ev;
+}
+
+// Names the launch an error of a queued kernel came from (raised later, at a synchronisation point).
+void add_kernel_context(c10::Error& e, const OpMeta& meta, int device, int stream) {
+  e.add_context("while running " + meta.name + " on neuron:" + std::to_string(device) + " (stream " +
+                std::to_string(stream) + ", emulated NeuronCore, host kernels)");
+}
+
 bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit::Stack* stack, size_t base,
                   size_t nargs, CallState& cs, bool new_sig, bool rec, int64_t bytes_read,
                   const std::vector<at::Tensor>& in_for_flops, PendingPlan* pending) {
@@ -1284,33 +1317,17 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
   out_aliases.reserve(outs.size());
   for (const auto& o : outs) out_aliases.push_back(o.alias);
 
-  EventRecord ev;
+  int64_t bytes_written = 0;
   if (rec) {
-    int64_t bytes_written = 0;
     for (const auto& o : outs) bytes_written += nbytes_of(o.neuron);
     for (const auto& in : cs.ins)
       if (in.writable) bytes_written += nbytes_of(in.original);
+  }
+  EventRecord ev = kernel_event(meta, cs.device, rec, new_sig, bytes_read, bytes_written);
+  if (rec) {
     at::Tensor out0 = results.empty() || !results[0].isTensor() ? at::Tensor() : results[0].toTensor();
-    ev.kind = EventKind::Kernel;
-    ev.engine = meta.engine;
-    ev.device = static_cast<int8_t>(cs.device);
-    ev.name_id = meta.name_id;
-    {
-      const LaunchTag& tag = launch_tag();
-      ev.subgraph = tag.subgraph;
-      if (tag.name_id >= 0) ev.name_id = tag.name_id;
-    }
-    ev.bytes_read = bytes_read;
-    ev.bytes_written = bytes_written;
-    ev.new_signature = new_sig;
     if (meta.flops != Flops::None && out0.defined()) ev.flops = compute_flops(meta.flops, in_for_flops, out0);
-    if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
-    if (record_shapes_enabled() && ev.shapes_id < 0) {
-      record_arg_shapes(cs, ev);
-    }
-  } else if (new_sig) {
-    int32_t a, b;
-    take_pending_signature(meta.name_id, &a, &b);
+    if (record_shapes_enabled() && ev.shapes_id < 0) record_arg_shapes(cs, ev);
   }
 
   Work w;
@@ -1344,8 +1361,7 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
         land_results(st, copy_targets, slots);
       }
     } catch (c10::Error& e) {
-      e.add_context("while running " + m->name + " on neuron:" + std::to_string(device) + " (stream " +
-                    std::to_string(stream) + ", emulated NeuronCore, host kernels)");
+      add_kernel_context(e, *m, device, stream);
       throw;
     }
     const int64_t t1 = now_ns();
@@ -2098,31 +2114,15 @@ bool try_fast_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   // The kernel event, as the general path records it (bytes of every tensor argument read, the output
   // or the written argument written, the launch tag of a compiled graph, shapes when asked).
   const bool rec = recording();
-  EventRecord ev;
-  if (rec) {
-    ev.kind = EventKind::Kernel;
-    ev.engine = meta.engine;
-    ev.device = static_cast<int8_t>(device);
-    ev.name_id = meta.name_id;
-    const LaunchTag& tag = launch_tag();
-    ev.subgraph = tag.subgraph;
-    if (tag.name_id >= 0) ev.name_id = tag.name_id;
-    ev.bytes_read = nbytes_of(self) + nbytes_of(other);
-    ev.bytes_written = nbytes_of(self);
-    ev.new_signature = new_sig;
-    if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
-    if (record_shapes_enabled() && ev.shapes_id < 0) {
-      std::string sh = shape_str(self.sizes()), dt = dtype_name(self.scalar_type());
-      if (!number) {
-        sh += ", " + shape_str(other.sizes());
-        dt += ", " + dtype_name(other.scalar_type());
-      }
-      ev.shapes_id = intern_string(sh);
-      ev.dtypes_id = intern_string(dt);
+  EventRecord ev = kernel_event(meta, device, rec, new_sig, nbytes_of(self) + nbytes_of(other), nbytes_of(self));
+  if (rec && record_shapes_enabled() && ev.shapes_id < 0) {
+    std::string sh = shape_str(self.sizes()), dt = dtype_name(self.scalar_type());
+    if (!number) {
+      sh += ", " + shape_str(other.sizes());
+      dt += ", " + dtype_name(other.scalar_type());
     }
-  } else if (new_sig) {
-    int32_t a, b;
-    take_pending_signature(meta.name_id, &a, &b);
+    ev.shapes_id = intern_string(sh);
+    ev.dtypes_id = intern_string(dt);
   }
 
   at::Tensor out;
@@ -2161,8 +2161,7 @@ bool try_fast_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
         case FastOp::Div: at::cpu::div_out(o, a, b); break;
       }
     } catch (c10::Error& e) {
-      e.add_context("while running " + m->name + " on neuron:" + std::to_string(device) + " (stream " +
-                    std::to_string(stream) + ", emulated NeuronCore, host kernels)");
+      add_kernel_context(e, *m, device, stream);
       throw;
     }
     if (rec && recording()) push_launched_event(ev, t0, now_ns(), stream, l);
@@ -2372,29 +2371,13 @@ bool try_foreach_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack)
       out_refs.push_back(dense_ref(outs.get(j)));
     }
   }
-  EventRecord ev;
-  if (rec) {
-    ev.kind = EventKind::Kernel;
-    ev.engine = meta.engine;
-    ev.device = static_cast<int8_t>(device);
-    ev.name_id = meta.name_id;
-    const LaunchTag& tag = launch_tag();
-    ev.subgraph = tag.subgraph;
-    if (tag.name_id >= 0) ev.name_id = tag.name_id;
-    ev.bytes_read = bytes_read;
-    int64_t w = 0;
-    for (size_t j = 0; j < n; ++j) w += nbytes_of(kind.in_place ? self.get(j) : outs.get(j));
-    ev.bytes_written = w;
-    ev.new_signature = new_sig;
-    if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
-    if (record_shapes_enabled() && ev.shapes_id < 0) {
-      std::string d = describe();
-      ev.shapes_id = intern_string(d.substr(d.find('(')));
-      ev.dtypes_id = intern_string(dtype_name(dtypes[0]));
-    }
-  } else if (new_sig) {
-    int32_t a, b;
-    take_pending_signature(meta.name_id, &a, &b);
+  int64_t bytes_written = 0;
+  for (size_t j = 0; rec && j < n; ++j) bytes_written += nbytes_of(kind.in_place ? self.get(j) : outs.get(j));
+  EventRecord ev = kernel_event(meta, device, rec, new_sig, bytes_read, bytes_written);
+  if (rec && record_shapes_enabled() && ev.shapes_id < 0) {
+    std::string d = describe();
+    ev.shapes_id = intern_string(d.substr(d.find('(')));
+    ev.dtypes_id = intern_string(dtype_name(dtypes[0]));
   }
 
   Work w;
@@ -2440,8 +2423,7 @@ bool try_foreach_launch(const c10::OperatorHandle& op, torch::jit::Stack* stack)
         land_results(st, targets, slots);
       }
     } catch (c10::Error& e) {
-      e.add_context("while running " + m->name + " on neuron:" + std::to_string(device) + " (stream " +
-                    std::to_string(stream) + ", emulated NeuronCore, host kernels)");
+      add_kernel_context(e, *m, device, stream);
       throw;
     }
     if (rec && recording()) push_launched_event(ev, t0, now_ns(), stream, l);
@@ -2560,40 +2542,50 @@ namespace tnl {
 // structured "functional = allocate + out=" wrapper) but that have a CPU kernel: route them straight
 // to the fallback, so the CPU kernel allocates its own output in device memory (one dispatch instead
 // of three). Returns the number of operators routed.
-int route_composites_to_fallback() {
-  static std::unique_ptr<torch::Library> lib;
+// Registers `kernel` as the PrivateUse1 kernel of every aten operator whose name starts with `prefix` and
+// that `want` accepts (once per process: -1 on a second call). Returns the number registered.
+template <typename Want>
+int register_for_ops(std::unique_ptr<torch::Library>& lib, const char* prefix, Want&& want,
+                     torch::CppFunction (*kernel)()) {
   if (lib) return -1;
   lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
                                          __LINE__);
   int n = 0;
   auto& disp = c10::Dispatcher::singleton();
   for (const c10::OperatorName& name : disp.getAllOpNames()) {
-    if (name.name.rfind("aten::", 0) != 0) continue;
+    if (name.name.rfind(prefix, 0) != 0) continue;
     auto op = disp.findOp(name);
     if (!op.has_value() || !op->hasSchema()) continue;
     if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1)) continue;  // native or already routed
-    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CPU)) continue;
-    if (!op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
-      continue;
-    const OpMeta& meta = op_meta(*op);
-    if (meta.view_only) continue;  // views keep their composite (as_strided based) kernels
+    if (!want(*op, name.name.substr(6))) continue;
     const std::string full = name.overload_name.empty() ? name.name.substr(6)
                                                         : name.name.substr(6) + "." + name.overload_name;
-    static const std::unordered_set<std::string> keep = {"copy_", "_to_copy", "clone", "lift_fresh",
-                                                         "_copy_from", "resize_", "set_", "empty_like",
-                                                         "new_empty", "new_empty_strided", "to",
-                                                         "contiguous", "detach", "_reshape_copy"};
-    if (keep.count(name.name.substr(6))) continue;
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+    lib->impl(full.c_str(), kernel());
     ++n;
   }
   return n;
 }
 
+int route_composites_to_fallback() {
+  static std::unique_ptr<torch::Library> lib;
+  return register_for_ops(
+      lib, "aten::",
+      [](const c10::OperatorHandle& op, const std::string& base) {
+        if (!op.hasKernelForDispatchKey(c10::DispatchKey::CPU)) return false;
+        if (!op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional) &&
+            !op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
+          return false;
+        if (op_meta(op).view_only) return false;  // views keep their composite (as_strided based) kernels
+        static const std::unordered_set<std::string> keep = {"copy_", "_to_copy", "clone", "lift_fresh",
+                                                             "_copy_from", "resize_", "set_", "empty_like",
+                                                             "new_empty", "new_empty_strided", "to",
+                                                             "contiguous", "detach", "_reshape_copy"};
+        return keep.count(base) == 0;
+      },
+      [] { return torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>(); });
+}
 
-// Every `_foreach_*` op that only has its composite loop (no CPU or PrivateUse1 kernel of its own) gets
-// the one-launch kernel above on neuron. Returns the number of operators registered.
+
 std::vector<std::pair<std::string, uint64_t>> launch_path_counts() {
   static const char* names[kNumPaths] = {"queued",    "fast",     "foreach", "plan_check",
                                          "host_wait", "host_now", "trusted_new_shape"};
@@ -2602,28 +2594,17 @@ std::vector<std::pair<std::string, uint64_t>> launch_path_counts() {
   return out;
 }
 
+// Every `_foreach_*` op that only has its composite loop (no CPU or PrivateUse1 kernel of its own) and that
+// one launch can run (foreach_kind) gets foreach_launch_or_loop on neuron.
 int route_foreach_to_launch() {
   static std::unique_ptr<torch::Library> lib;
-  if (lib) return -1;
-  lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1, __FILE__,
-                                         __LINE__);
-  int n = 0;
-  auto& disp = c10::Dispatcher::singleton();
-  for (const c10::OperatorName& name : disp.getAllOpNames()) {
-    if (name.name.rfind("aten::_foreach_", 0) != 0) continue;
-    auto op = disp.findOp(name);
-    if (!op.has_value() || !op->hasSchema()) continue;
-    if (op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
-        op->hasKernelForDispatchKey(c10::DispatchKey::CPU) ||
-        !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd))
-      continue;
-    if (!foreach_kind(*op).eligible) continue;
-    const std::string full = name.overload_name.empty() ? name.name.substr(6)
-                                                        : name.name.substr(6) + "." + name.overload_name;
-    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunction<&foreach_launch_or_loop>());
-    ++n;
-  }
-  return n;
+  return register_for_ops(
+      lib, "aten::_foreach_",
+      [](const c10::OperatorHandle& op, const std::string&) {
+        return !op.hasKernelForDispatchKey(c10::DispatchKey::CPU) &&
+               op.hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutograd) && foreach_kind(op).eligible;
+      },
+      [] { return torch::CppFunction::makeFromBoxedFunction<&foreach_launch_or_loop>(); });
 }
 
 }  // namespace tnl
