@@ -86,6 +86,22 @@ def sync_neuron() -> None:
     torch.neuron.synchronize()  # type: ignore[attr-defined]
 
 
+SETTLE_S = 0.03
+
+
+def settle() -> None:
+    """Start a timed block from an idle device, as a notebook cell does.
+
+    The device's worker keeps its OpenMP pool (and the spin throttle, device/csrc/queue.cpp) until it has
+    been idle 20 ms; a CPU block timed right after a neuron block ran 19-26% slower (qwen2 zoo step) with
+    the worker's pool still there (libgomp throttles every pool when pools outnumber the CPUs), which
+    flattered neuron. Waiting 30 ms idle before every block times each side on its own.
+    """
+    if torch.neuron.is_initialized():  # type: ignore[attr-defined]
+        torch.neuron.synchronize()  # type: ignore[attr-defined]
+    time.sleep(SETTLE_S)
+
+
 # ---------------------------------------------------------------------------------------------------
 # loops
 
@@ -168,11 +184,13 @@ def interleave(loops: dict[str, Any], n: int, rounds: int, warmup_blocks: int = 
     names = list(loops)
     for _ in range(warmup_blocks):
         for k in names:
+            settle()
             _timed(loops[k], n)
     samples: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         order = names if r % 2 == 0 else names[::-1]
         for k in order:
+            settle()
             samples[k].append(_timed(loops[k], n))
     return {k: Side.of(v) for k, v in samples.items()}
 

@@ -111,3 +111,127 @@ emit(facts)
     assert facts["autograd_threads_blocking_True"] == ["pt_autograd_0", "pt_autograd_1"], facts
     assert facts["autograd_threads_blocking_False"] == ["pt_autograd_0", "pt_autograd_1"], facts
     assert facts["grads_equal_blocking_True"] and facts["grads_equal_blocking_False"], facts
+
+
+# The spin throttle (device/csrc/queue.cpp). Between parallel regions libgomp spins a pool's helper for
+# milliseconds unless pools outnumber the CPUs. It does not count the host thread, so a device that waits for
+# the host (a host-bound loop) had its worker's helper spinning on the core the host's Python needs. A worker
+# starved in two 10 ms windows makes one more pool (a sleeping helper of ours), so libgomp throttles the spin;
+# a device the host runs ahead of keeps its spinning helper. The child is pinned to 2 CPUs and 2 threads (the
+# machine this was measured on), so the count of pools against CPUs is the same on any CI machine.
+_THROTTLE_CHILD = """
+import os, time
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+import torch
+import torchneuron_lab  # noqa: F401
+from torchneuron_lab.device._backend import lib
+torch.set_num_threads(2)
+C = lib()
+
+def helper_cpu_ns():
+    # CPU time of the worker's OpenMP helpers: threads named as the worker (libgomp's threads inherit the
+    # name of the thread that made them) other than the worker, the first of them
+    named = []
+    for t in os.listdir("/proc/self/task"):
+        try:
+            f = open(f"/proc/self/task/{t}/stat").read()
+        except OSError:
+            continue
+        if f[f.index("(") + 1:f.rindex(")")] == "neuron0:s0":
+            p = f[f.rindex(")") + 2:].split()
+            named.append((int(t), (int(p[11]) + int(p[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")))
+    return sum(ns for _, ns in sorted(named)[1:])
+
+def host_bound(seconds):
+    # a parallel kernel (1<<17 elements: 2 threads) every ~300 us of host Python: the worker waits for launches
+    a = torch.randn(1 << 17, device="neuron")
+    c0, t0 = helper_cpu_ns(), time.perf_counter_ns()
+    out = a
+    while time.perf_counter_ns() - t0 < seconds * 1e9:
+        out = a + 1
+        s = 0
+        for i in range(4000):
+            s += i
+    torch.neuron.synchronize()
+    return (helper_cpu_ns() - c0) / (time.perf_counter_ns() - t0), out
+"""
+
+
+def test_a_starved_worker_throttles_its_openmp_helpers_spin_and_an_idle_one_gives_it_back() -> None:
+    facts = run_child(
+        _THROTTLE_CHILD
+        + """
+facts = {"default_mode": C.spin_throttle_stats()["mode"]}
+C.set_spin_throttle("off")
+host_bound(0.3)                                    # warm up: plans, the worker's pool
+facts["off_share"], _ = host_bound(0.6)
+facts["off_stats"] = C.spin_throttle_stats()
+time.sleep(0.1)
+C.set_spin_throttle("auto")
+s0 = C.spin_throttle_stats()
+facts["auto_share"], out = host_bound(0.6)
+s1 = C.spin_throttle_stats()
+facts["engaged"] = s1["engaged"] - s0["engaged"]
+facts["held_during"] = s1["held"]
+facts["starved_windows"] = s1["windows_starved"] - s0["windows_starved"]
+a = torch.randn(1 << 20)
+facts["sum_equal"] = torch.equal(a.to("neuron").sum().cpu(), a.sum())  # a reduction while throttled
+time.sleep(0.3)                                    # idle > 20 ms: the worker ends its pool, the throttle goes
+s2 = C.spin_throttle_stats()
+facts["held_after_idle"] = s2["held"]
+facts["released"] = s2["released"] - s0["released"]
+emit(facts)
+""",
+        outcomes=True,
+    )
+    assert facts["default_mode"] == "auto"
+    assert facts["off_stats"]["engaged"] == 0 and facts["off_stats"]["held"] is False
+    # off: the helper spins most of the loop; throttled: it sleeps between the kernels
+    assert facts["off_share"] > 0.5, facts
+    assert facts["engaged"] == 1 and facts["held_during"] is True, facts
+    assert facts["starved_windows"] >= 2, facts
+    assert facts["auto_share"] < 0.6 * facts["off_share"], facts
+    assert facts["sum_equal"] is True
+    assert facts["held_after_idle"] is False and facts["released"] == 1, facts
+
+
+def test_a_device_the_host_runs_ahead_of_keeps_its_spinning_helper() -> None:
+    facts = run_child(
+        _THROTTLE_CHILD
+        + """
+x = torch.randn(1024, 1024, device="neuron")
+for _ in range(3):
+    (x + 1)
+torch.neuron.synchronize()
+s0 = C.spin_throttle_stats()
+t0 = time.perf_counter()
+while time.perf_counter() - t0 < 0.5:             # the host runs ahead: hundreds of kernels queued
+    for _ in range(400):
+        y = x + 1
+    torch.neuron.synchronize()
+s1 = C.spin_throttle_stats()
+facts = {"engaged": s1["engaged"] - s0["engaged"], "windows": s1["windows"] - s0["windows"],
+         "ahead": s1["windows_ahead"] - s0["windows_ahead"], "value": torch.equal(y.cpu(), x.cpu() + 1)}
+# a host-bound loop engages; after an idle gap the same loop engages at its first kernel, not 2 windows later
+host_bound(0.3)
+time.sleep(0.1)
+facts["held_after_idle"] = C.spin_throttle_stats()["held"]
+s2 = C.spin_throttle_stats()
+host_bound(0.012)
+facts["engaged_again"] = C.spin_throttle_stats()["engaged"] - s2["engaged"]
+facts["windows_again"] = C.spin_throttle_stats()["windows"] - s2["windows"]
+try:
+    C.set_spin_throttle("sometimes")
+    facts["bad_mode"] = None
+except ValueError as e:
+    facts["bad_mode"] = str(e)
+emit(facts)
+""",
+        outcomes=True,
+    )
+    assert facts["windows"] >= 20 and facts["ahead"] >= facts["windows"] // 2, facts
+    assert facts["engaged"] == 0, facts
+    assert facts["value"] is True
+    assert facts["held_after_idle"] is False
+    assert facts["engaged_again"] == 1 and facts["windows_again"] <= 1, facts
+    assert "'auto', 'on' or 'off'" in facts["bad_mode"]

@@ -456,6 +456,21 @@ void init_module(py::module& m) {
     return d;
   });
 
+  m.def("set_spin_throttle", &set_spin_throttle, py::arg("mode"));
+  m.def("spin_throttle_stats", [] {
+    const SpinThrottleStats st = spin_throttle_stats();
+    py::dict d;
+    d["mode"] = st.mode;
+    d["wants"] = st.wants;
+    d["held"] = st.held;
+    d["engaged"] = st.engaged;
+    d["released"] = st.released;
+    d["windows"] = st.windows;
+    d["windows_starved"] = st.windows_starved;
+    d["windows_ahead"] = st.windows_ahead;
+    return d;
+  });
+
   m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
   m.def("runtime_started", &runtime_started);
   m.def("init", &init_devices);

@@ -215,6 +215,14 @@ constexpr int kMaxStreamsPerDevice = 1024;
 bool launch_blocking();
 // After a kernel ran on the host, on a thread that is neither the main thread nor a worker (autograd's
 // device threads): ends that thread's OpenMP pool (queue.cpp, "OpenMP thread pools").
+struct SpinThrottleStats {
+  std::string mode;
+  int wants;
+  bool held;
+  uint64_t engaged, released, windows, windows_starved, windows_ahead;
+};
+void set_spin_throttle(const std::string& mode);  // "auto" | "on" | "off" (queue.cpp, the spin throttle)
+SpinThrottleStats spin_throttle_stats();
 void end_host_thread_pool();                // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every launch waits for its kernel
 void set_launch_blocking(bool on);
 int current_stream(int device);        // this thread's current stream on `device` (0: default stream)
