@@ -89,17 +89,19 @@ def sync_neuron() -> None:
 SETTLE_S = 0.03
 
 
-def settle() -> None:
-    """Start a timed block from an idle device, as a notebook cell does.
+def settle(loop: Any) -> None:
+    """Start a timed block as a notebook cell's loop would run: the device idle, then one untimed iteration.
 
     The device's worker keeps its OpenMP pool (and the spin throttle, device/csrc/queue.cpp) until it has
     been idle 20 ms; a CPU block timed right after a neuron block ran 19-26% slower (qwen2 zoo step) with
     the worker's pool still there (libgomp throttles every pool when pools outnumber the CPUs), which
-    flattered neuron. Waiting 30 ms idle before every block times each side on its own.
+    flattered neuron. So every block waits 30 ms with the device idle; then one iteration of the block's own
+    loop, untimed, makes the pools its side uses (a neuron block no longer pays them either).
     """
     if torch.neuron.is_initialized():  # type: ignore[attr-defined]
         torch.neuron.synchronize()  # type: ignore[attr-defined]
     time.sleep(SETTLE_S)
+    loop(1)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -184,13 +186,13 @@ def interleave(loops: dict[str, Any], n: int, rounds: int, warmup_blocks: int = 
     names = list(loops)
     for _ in range(warmup_blocks):
         for k in names:
-            settle()
+            settle(loops[k])
             _timed(loops[k], n)
     samples: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         order = names if r % 2 == 0 else names[::-1]
         for k in order:
-            settle()
+            settle(loops[k])
             samples[k].append(_timed(loops[k], n))
     return {k: Side.of(v) for k, v in samples.items()}
 

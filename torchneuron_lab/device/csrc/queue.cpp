@@ -225,8 +225,8 @@ thread_local int64_t tls_pool_shrunk_ns = 0;  // a host thread's last shrink
 // kReleaseAfter windows running gives it back: back-to-back parallel kernels keep their spinning helper (a
 // futex wake-up per region made `a + 1` on 1024^2 2x slower, GPT-2's step 1.3x). Measured per 10 ms window
 // on 2 vCPUs: host-bound zoo steps starve the worker in 40-80% of windows (queue 3-12 deep once throttled),
-// GPT-2/MLP steps and big elementwise kernels in ~0 (queue 500+ deep). A worker that idles out throttled
-// re-engages at its next kernel within kRethrottleNs (the next cell, the next timed block).
+// GPT-2/MLP steps and big elementwise kernels in ~0 (queue 500+ deep). A worker idle 20 ms gives it back
+// (with its own pool), so the host's CPU code after device work is not throttled.
 // The throttle is one more managed thread: a thread of ours that ran a 2-thread region (GOMP_parallel) keeps
 // its pool (one sleeping helper) while any worker wants it and ends it (omp_pause) when none does. Thread
 // counts per region stay torch's, so results do not change. Mode: TORCHNEURON_LAB_SPIN_THROTTLE=auto
@@ -237,7 +237,6 @@ constexpr uint64_t kAheadDepth = 128;   // a window the host was ahead: >= 128 l
 constexpr double kBusy = 0.05;          //   the worker waited < 5% of it
 constexpr int kEngageAfter = 2;         // consecutive starved windows that engage the throttle
 constexpr int kReleaseAfter = 3;        // consecutive windows ahead that release it
-constexpr int64_t kRethrottleNs = 1'000'000'000;  // a worker that idled out throttled re-engages within this
 
 struct SpinThrottle {
   std::mutex mu;
@@ -306,12 +305,8 @@ struct StarveWindow {
   bool throttling = false;
 
   void reset() { t0 = 0; idle_ns = 0; depth_sum = 0; takes = 0; streak = 0; }
-  int64_t released_throttling_at = 0;  // when an idle worker gave back the throttle it held
   void release() {
-    if (throttling) {
-      request_throttle(false);
-      released_throttling_at = now_ns();
-    }
+    if (throttling) request_throttle(false);
     throttling = false;
     reset();
   }
@@ -319,12 +314,6 @@ struct StarveWindow {
   void took_work(int64_t now, int64_t waited, size_t depth) {
     if (t0 == 0) {
       t0 = now;
-      // The same work again after an idle gap (the next cell, the next timed block): throttle at once.
-      if (released_throttling_at != 0 && now - released_throttling_at < kRethrottleNs && throttle_mode() == 1) {
-        request_throttle(true);
-        throttling = true;
-      }
-      released_throttling_at = 0;
       return;
     }
     idle_ns += waited;
