@@ -119,19 +119,37 @@ def training_cases(rep: Report, quick: bool, rounds: int, target_s: float) -> No
                 C.set_launch_blocking(False)
 
         loops["neuron_blocking"] = blocking_loop
+        unthrottled = make_loop(STEPS[kind], env_for(kind, "neuron", model))
+
+        def unthrottled_loop(n: int, _inner=unthrottled) -> float:
+            mode = C.spin_throttle_stats()["mode"]
+            C.set_spin_throttle("off")
+            try:
+                return _inner(n)
+            finally:
+                C.set_spin_throttle(mode)
+
+        loops["neuron_unthrottled"] = unthrottled_loop
         calibrate(loops["neuron"], target_s)
         n = calibrate(loops["cpu"], target_s)
         sides = interleave(loops, n, rounds)
         row = rep.compare(f"train.{kind}", LABELS[kind], sides["cpu"], sides["neuron"], n, bar=TRAIN_BAR)
         row_b = rep.compare(f"train.{kind}.launch_blocking", LABELS[kind] + " [launch blocking]", sides["cpu"],
                             sides["neuron_blocking"], n, bar=None, cand_name="neuron_blocking")
+        row_u = rep.compare(f"train.{kind}.spin_throttle_off", LABELS[kind] + " [spin throttle off]", sides["cpu"],
+                            sides["neuron_unthrottled"], n, bar=None, cand_name="neuron_unthrottled")
         rows.append(row)
         rows.append(row_b)
+        rows.append(row_u)
     rep.print_compare_table([r for r in rows if r["cand"] == "neuron"], unit="ms")
     print()
     print("with launch blocking (every kernel waited for, as TORCHNEURON_LAB_LAUNCH_BLOCKING=1):")
     for r in rows:
         if r["cand"] == "neuron_blocking":
+            print(f"  {r['label']:<60} {r['ratio']:.3f}x of CPU")
+    print("with the spin throttle off (TORCHNEURON_LAB_SPIN_THROTTLE=off; device/csrc/README.md, 'The spin throttle'):")
+    for r in rows:
+        if r["cand"] == "neuron_unthrottled":
             print(f"  {r['label']:<60} {r['ratio']:.3f}x of CPU")
 
 
