@@ -1119,16 +1119,10 @@ void land_results(torch::jit::Stack& st, const std::vector<at::Tensor>& targets,
 // A queued kernel's event as every launch path records it: the op (or the name a compiled graph's code gives
 // it), its graph, the bytes read and written, the signature taken if it is new. Not recording: a new
 // signature's pending description is dropped, and the event stays empty.
-EventRecord kernel_event(const OpMeta& meta, int device, bool rec, bool new_sig, int64_t bytes_read,
-                         int64_t bytes_written) {
-  EventRecord ev;
-  if (!rec) {
-    if (new_sig) {
-      int32_t a, b;
-      take_pending_signature(meta.name_id, &a, &b);
-    }
-    return ev;
-  }
+// The fields every kernel event has, queued or run on the host: the op (or the name a compiled graph's code
+// gives it), its graph, the bytes read and written.
+void fill_kernel_fields(EventRecord& ev, const OpMeta& meta, int device, bool new_sig, int64_t bytes_read,
+                        int64_t bytes_written) {
   ev.kind = EventKind::Kernel;
   ev.engine = meta.engine;
   ev.device = static_cast<int8_t>(device);
@@ -1139,6 +1133,19 @@ EventRecord kernel_event(const OpMeta& meta, int device, bool rec, bool new_sig,
   ev.bytes_read = bytes_read;
   ev.bytes_written = bytes_written;
   ev.new_signature = new_sig;
+}
+
+EventRecord kernel_event(const OpMeta& meta, int device, bool rec, bool new_sig, int64_t bytes_read,
+                         int64_t bytes_written) {
+  EventRecord ev;
+  if (!rec) {
+    if (new_sig) {
+      int32_t a, b;
+      take_pending_signature(meta.name_id, &a, &b);
+    }
+    return ev;
+  }
+  fill_kernel_fields(ev, meta, device, new_sig, bytes_read, bytes_written);
   if (new_sig) take_pending_signature(meta.name_id, &ev.shapes_id, &ev.dtypes_id);
   return ev;
 }
@@ -1647,20 +1654,9 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
 
   if (rec && !meta.view_only) {
     EventRecord ev;
-    ev.kind = EventKind::Kernel;
-    ev.engine = meta.engine;
-    ev.device = static_cast<int8_t>(cs.device);
-    ev.name_id = meta.name_id;
-    {
-      const LaunchTag& tag = launch_tag();
-      ev.subgraph = tag.subgraph;
-      if (tag.name_id >= 0) ev.name_id = tag.name_id;
-    }
+    fill_kernel_fields(ev, meta, cs.device, new_sig, bytes_read, bytes_written);
     ev.start_ns = t0;
     ev.end_ns = t1;
-    ev.bytes_read = bytes_read;
-    ev.bytes_written = bytes_written;
-    ev.new_signature = new_sig;
     if (meta.flops != Flops::None) ev.flops = compute_flops(meta.flops, in_for_flops, out0);
     if (record_shapes_enabled()) {
       record_arg_shapes(cs, ev);

@@ -186,30 +186,35 @@ constexpr size_t kWorkerBatch = 64;
 // libgomp is the one torch loaded (found by soname, never loaded here); without it this does nothing.
 constexpr int kIdleReleaseMs = 20;
 constexpr int64_t kHostReleaseNs = 50'000'000;
-using OmpPauseAll = int (*)(int);
-using OmpInParallel = int (*)();
+// The entries of the libgomp torch loaded (found by soname, never loaded here; null without it). This module
+// is built without OpenMP: GOMP_parallel is the entry GCC compiles `#pragma omp parallel` to.
+struct Gomp {
+  int (*pause_all)(int) = nullptr;
+  int (*in_parallel)() = nullptr;
+  void (*parallel)(void (*)(void*), void*, unsigned, unsigned) = nullptr;
+};
+const Gomp& gomp() {
+  static const Gomp g = [] {
+    Gomp r;
+    void* h = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
+    if (h == nullptr) return r;
+    r.pause_all = reinterpret_cast<decltype(r.pause_all)>(dlsym(h, "omp_pause_resource_all"));
+    r.in_parallel = reinterpret_cast<decltype(r.in_parallel)>(dlsym(h, "omp_in_parallel"));
+    r.parallel = reinterpret_cast<decltype(r.parallel)>(dlsym(h, "GOMP_parallel"));
+    return r;
+  }();
+  return g;
+}
 
 void shrink_omp_pool() {
-  static const auto fns = []() -> std::pair<OmpPauseAll, OmpInParallel> {
-    void* h = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    if (h == nullptr) return {nullptr, nullptr};
-    return {reinterpret_cast<OmpPauseAll>(dlsym(h, "omp_pause_resource_all")),
-            reinterpret_cast<OmpInParallel>(dlsym(h, "omp_in_parallel"))};
-  }();
-  if (fns.first == nullptr || fns.second == nullptr || fns.second()) return;
-  fns.first(1);  // omp_pause_soft: this thread's pool threads exit
+  const Gomp& g = gomp();
+  if (g.pause_all == nullptr || g.in_parallel == nullptr || g.in_parallel()) return;
+  g.pause_all(1);  // omp_pause_soft: this thread's pool threads exit
 }
 
 // Runs an empty 2-thread parallel region on this thread, so libgomp keeps a pool with one helper for it.
-// GOMP_parallel is the entry GCC compiles `#pragma omp parallel` to; this module is built without OpenMP
-// and calls the libgomp torch loaded.
 void start_omp_pool() {
-  using GompParallel = void (*)(void (*)(void*), void*, unsigned, unsigned);
-  static const auto fn = []() -> GompParallel {
-    void* h = dlopen("libgomp.so.1", RTLD_LAZY | RTLD_NOLOAD);
-    return h == nullptr ? nullptr : reinterpret_cast<GompParallel>(dlsym(h, "GOMP_parallel"));
-  }();
-  if (fn != nullptr) fn([](void*) {}, nullptr, 2, 0);
+  if (gomp().parallel != nullptr) gomp().parallel([](void*) {}, nullptr, 2, 0);
 }
 
 thread_local int64_t tls_pool_shrunk_ns = 0;  // a host thread's last shrink
