@@ -1,0 +1,86 @@
+"""The benchmarks' CPU baseline guard (benchmarks/_common.py): this process's CPU probe, paired with a fresh
+process's, must catch a process whose CPU kernels the device slowed, and pass one it did not.
+
+The class it guards: libgomp throttles the spin of every OpenMP pool once a process's pools outnumber its
+CPUs, so an idle pool left by another thread (the device worker's, before the worker learned to drop it)
+slowed the in-process CPU baselines 2-4x and flattered neuron. Each case runs in a fresh interpreter pinned
+to 2 CPUs with 2 threads (the pools against CPUs are the same on any CI machine)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRELUDE = f"""
+import json, os, statistics, sys, threading, time
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+sys.path.insert(0, {str(ROOT / "benchmarks")!r})
+import torch
+torch.set_num_threads(2)
+import _common
+"""
+
+
+def _run(body: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(body)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_the_guard_fails_a_process_holding_another_idle_openmp_pool() -> None:
+    out = _run("""
+        stop = threading.Event()
+        def other_pool():  # a second thread's parallel regions give it its own OpenMP pool, kept while it lives
+            a = torch.randn(256, 256)
+            for _ in range(5):
+                (a @ a).relu_().sum()
+            stop.wait()
+        t = threading.Thread(target=other_pool)
+        t.start()
+        time.sleep(0.2)
+        pairs = _common.cpu_guard_probes()
+        stop.set()
+        t.join()
+        print(json.dumps({"pairs": pairs}))
+    """)
+    pairs = out["pairs"]
+    assert len(pairs) == _guard_pairs()
+    ratio = sorted(a / b for a, b in pairs)[len(pairs) // 2]
+    assert ratio > 1.5  # the bar is 1.25; measured 2.0-2.2x on 2 vCPUs
+
+
+def test_the_guard_passes_a_process_whose_device_went_idle_and_leaves_no_child() -> None:
+    out = _run("""
+        import torchneuron_lab
+        x = torch.randn(256, 256, device="neuron")
+        for _ in range(100):
+            x = (x @ x).tanh()
+        torch.neuron.synchronize()
+        time.sleep(0.1)
+        pairs = _common.cpu_guard_probes()
+        kids = [p for p in os.listdir("/proc") if p.isdigit()
+                and open(f"/proc/{p}/stat").read().split(") ")[-1].split()[1] == str(os.getpid())]
+        print(json.dumps({"pairs": pairs, "children": kids}))
+    """)
+    pairs = out["pairs"]
+    assert len(pairs) == _guard_pairs() and all(a > 0 and b > 0 for a, b in pairs)
+    ratio = sorted(a / b for a, b in pairs)[len(pairs) // 2]
+    assert ratio <= 1.25  # measured 1.00-1.04x
+    assert out["children"] == []  # the reference process was reaped
+
+
+def _guard_pairs() -> int:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import _common
+    finally:
+        sys.path.pop(0)
+    return _common.GUARD_PAIRS
