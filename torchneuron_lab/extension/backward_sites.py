@@ -67,10 +67,6 @@ class BackwardSites:
         self._saved.clear()
 
 
-def _launched_at(host_start_ns: int | None, start_ns: int) -> int:
-    return host_start_ns if host_start_ns else start_ns
-
-
 def attribute(trace: Any, spans: list[tuple[int, int, str]]) -> int:
     """Give events without a location that started inside a backward span that span's call site
     (``"cell [3], line 7 (backward)"``); returns how many events were attributed."""
@@ -84,7 +80,7 @@ def attribute(trace: Any, spans: list[tuple[int, int, str]]) -> int:
         for e in trace.events:
             label = None
             if e.location is None:
-                at = _launched_at(e.host_start_ns, e.start_ns)
+                at = e.host_start_ns or e.start_ns  # when it was launched (the device ran it later)
                 label = next((s for t0, t1, s in spans if t0 <= at <= t1), None)
             if label is not None:
                 count += 1
