@@ -468,6 +468,7 @@ void init_module(py::module& m) {
     d["windows"] = st.windows;
     d["windows_starved"] = st.windows_starved;
     d["windows_ahead"] = st.windows_ahead;
+    d["windows_host_blocked"] = st.windows_host_blocked;
     return d;
   });
 

@@ -219,7 +219,7 @@ struct SpinThrottleStats {
   std::string mode;
   int wants;
   bool held;
-  uint64_t engaged, released, windows, windows_starved, windows_ahead;
+  uint64_t engaged, released, windows, windows_starved, windows_ahead, windows_host_blocked;
 };
 void set_spin_throttle(const std::string& mode);  // "auto" | "on" | "off" (queue.cpp, the spin throttle)
 SpinThrottleStats spin_throttle_stats();

@@ -226,11 +226,17 @@ thread_local int64_t tls_pool_shrunk_ns = 0;  // a host thread's last shrink
 // worker waits for the host (a host-bound step: many small kernels) has a helper spinning on the core the
 // host needs (perf, a compiled qwen2 zoo step on 2 vCPUs: 48% of all samples). A worker starved (waited for
 // launches more than kStarved of a kStarveWindowNs window) in kEngageAfter windows running asks for the
-// throttle; one the host runs ahead of (kAheadDepth launches queued, the worker never waiting) in
-// kReleaseAfter windows running gives it back: back-to-back parallel kernels keep their spinning helper (a
-// futex wake-up per region made `a + 1` on 1024^2 2x slower, GPT-2's step 1.3x). Measured per 10 ms window
+// throttle; one the host runs ahead of (kAheadDepth launches queued, the worker never waiting) while the
+// host waits for it (blocked in syncs or on the full launch queue > kHostBlocked of the window: the spin
+// takes no core the host uses) in kReleaseAfter windows running gives it back: back-to-back parallel
+// kernels keep their spinning helper (a futex wake-up per region made `a + 1` on 1024^2 2x slower, GPT-2's
+// step 1.3x). A queue merely deep did release it until 2026-12-05: a compiled step's host (guards, AOT
+// wrappers, an eager optimizer) keeps a graph's kernels queued >= 128 deep without ever waiting, and the
+// released helper's spin took its core back (qwen2 zoo step compiled 2.7-3.3 ms -> 2.1-2.4 ms, t5 6.1 ->
+// 5.3 ms, nn_transformer 2.3 -> 1.9 ms, fresh processes alternating). Measured per 10 ms window
 // on 2 vCPUs: host-bound zoo steps starve the worker in 40-80% of windows (queue 3-12 deep once throttled),
-// GPT-2/MLP steps and big elementwise kernels in ~0 (queue 500+ deep). A worker idle 20 ms gives it back
+// GPT-2/MLP steps and big elementwise kernels in ~0 (queue 500+ deep, the host blocked in 80-100% of
+// windows; a compiled qwen2 step's host in 17%). A worker idle 20 ms gives it back
 // (with its own pool), so the host's CPU code after device work is not throttled.
 // The throttle is one more managed thread: a thread of ours that ran a 2-thread region (GOMP_parallel) keeps
 // its pool (one sleeping helper) while any worker wants it and ends it (omp_pause) when none does. Thread
@@ -241,7 +247,8 @@ constexpr double kStarved = 0.3;        // a window starved: the worker waited f
 constexpr uint64_t kAheadDepth = 128;   // a window the host was ahead: >= 128 launches queued per take, and
 constexpr double kBusy = 0.05;          //   the worker waited < 5% of it
 constexpr int kEngageAfter = 2;         // consecutive starved windows that engage the throttle
-constexpr int kReleaseAfter = 3;        // consecutive windows ahead that release it
+constexpr int kReleaseAfter = 3;        // consecutive windows ahead, the host blocked, that release it
+constexpr double kHostBlocked = 0.3;    // a window the host waited for the device > 30% of
 
 struct SpinThrottle {
   std::mutex mu;
@@ -255,7 +262,18 @@ SpinThrottle& spin_throttle() {
   static auto* t = new SpinThrottle();  // leaked: its thread may outlive static destruction
   return *t;
 }
-std::atomic<uint64_t> g_windows{0}, g_windows_starved{0}, g_windows_ahead{0};
+std::atomic<uint64_t> g_windows{0}, g_windows_starved{0}, g_windows_ahead{0}, g_windows_host_blocked{0};
+// Time host threads spent blocked in waits for the device (syncs, a full launch queue), all devices: a
+// window in which the host waited is one whose core the helper's spin does not take from it.
+// A wait is credited when it ends; the one in progress (its start in g_host_waiting_since, set by the first
+// thread to wait) counts up to now, so a window inside a long wait (a full queue drains for ~100 ms) is
+// blocked too.
+std::atomic<int64_t> g_host_wait_ns{0};
+std::atomic<int64_t> g_host_waiting_since{0};
+int64_t host_wait_total(int64_t now) {
+  const int64_t since = g_host_waiting_since.load(std::memory_order_relaxed);
+  return g_host_wait_ns.load(std::memory_order_relaxed) + (since != 0 && now > since ? now - since : 0);
+}
 
 // 0 off, 1 auto, 2 on; -1: read the environment at first use.
 std::atomic<int> g_throttle_mode{-1};
@@ -305,6 +323,7 @@ void request_throttle(bool on) {
 struct StarveWindow {
   int64_t t0 = 0;
   int64_t idle_ns = 0;
+  int64_t host_wait0 = 0;  // g_host_wait_ns at the window's start
   uint64_t depth_sum = 0, takes = 0;
   int streak = 0;  // consecutive windows that argue for a change
   bool throttling = false;
@@ -319,6 +338,7 @@ struct StarveWindow {
   void took_work(int64_t now, int64_t waited, size_t depth) {
     if (t0 == 0) {
       t0 = now;
+      host_wait0 = host_wait_total(now);
       return;
     }
     idle_ns += waited;
@@ -328,13 +348,17 @@ struct StarveWindow {
     if (span < kStarveWindowNs) return;
     const bool starved = static_cast<double>(idle_ns) > kStarved * static_cast<double>(span);
     const bool ahead = depth_sum >= kAheadDepth * takes && static_cast<double>(idle_ns) < kBusy * static_cast<double>(span);
+    const int64_t host_wait = host_wait_total(now);
+    const bool host_blocked = static_cast<double>(host_wait - host_wait0) > kHostBlocked * static_cast<double>(span);
+    host_wait0 = host_wait;
     g_windows.fetch_add(1, std::memory_order_relaxed);
+    if (host_blocked) g_windows_host_blocked.fetch_add(1, std::memory_order_relaxed);
     if (starved) g_windows_starved.fetch_add(1, std::memory_order_relaxed);
     if (ahead) g_windows_ahead.fetch_add(1, std::memory_order_relaxed);
     const int mode = throttle_mode();
     bool want = mode == 2;
     if (mode == 1) {
-      streak = (throttling ? ahead : starved) ? streak + 1 : 0;
+      streak = (throttling ? ahead && host_blocked : starved) ? streak + 1 : 0;
       want = throttling ? streak < kReleaseAfter : streak >= kEngageAfter;
     }
     if (want != throttling) {
@@ -515,6 +539,21 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   }
   TORCH_CHECK(!(tls_worker_stream == s.id && current_device() == s.device), "neuron stream ", s.id,
               " cannot wait for itself");
+  struct HostWaitClock {  // a host thread's blocked time, for the spin throttle's windows
+    int64_t t0 = 0;
+    bool first = false;  // this wait set g_host_waiting_since
+    HostWaitClock() {
+      if (tls_worker_stream >= 0) return;
+      t0 = now_ns();
+      int64_t none = 0;
+      first = g_host_waiting_since.compare_exchange_strong(none, t0, std::memory_order_relaxed);
+    }
+    ~HostWaitClock() {
+      if (t0 == 0) return;
+      g_host_wait_ns.fetch_add(now_ns() - t0, std::memory_order_relaxed);
+      if (first) g_host_waiting_since.store(0, std::memory_order_relaxed);
+    }
+  } host_wait_clock;
   // The wait for the last kernel or two (a sync right after its launch) usually ends within microseconds:
   // poll for up to kWaitSpinNs, yielding the core, before sleeping. A sleep costs a futex sleep and wake-up
   // on both sides (~12 us per sync of `a + 1` on 1024x1024 here); the spin is bounded and yields, so a long
@@ -604,7 +643,7 @@ SpinThrottleStats spin_throttle_stats() {
   std::lock_guard<std::mutex> lock(t.mu);
   const int m = throttle_mode();
   return {m == 0 ? "off" : m == 2 ? "on" : "auto", t.wants, t.held, t.engaged, t.released,
-          g_windows.load(), g_windows_starved.load(), g_windows_ahead.load()};
+          g_windows.load(), g_windows_starved.load(), g_windows_ahead.load(), g_windows_host_blocked.load()};
 }
 
 void end_host_thread_pool() {
