@@ -323,7 +323,7 @@ void request_throttle(bool on) {
 struct StarveWindow {
   int64_t t0 = 0;
   int64_t idle_ns = 0;
-  int64_t host_wait0 = 0;  // g_host_wait_ns at the window's start
+  int64_t host_wait0 = 0;  // host_wait_total() at the window's start
   uint64_t depth_sum = 0, takes = 0;
   int streak = 0;  // consecutive windows that argue for a change
   bool throttling = false;
