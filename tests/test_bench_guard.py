@@ -84,3 +84,21 @@ def _guard_pairs() -> int:
     finally:
         sys.path.pop(0)
     return _common.GUARD_PAIRS
+
+
+def test_a_reference_process_that_dies_fails_the_guard_without_losing_the_report() -> None:
+    out = _run("""
+        import argparse
+        import torchneuron_lab
+        _common._REFERENCE_CHILD = "import sys; sys.exit(3)"   # the fresh interpreter dies at once
+        (torch.ones(3, device="neuron") + 1).cpu()
+        rep = _common.Report("t", argparse.Namespace(json=None, quick=True, strict=False))
+        rep.compare("x", "x", _common.Side.of([2.0]), _common.Side.of([1.0]), 1, bar=1.0)
+        rep.cpu_guard()
+        print(json.dumps({"limits": [{k: str(v) for k, v in r.items()} for r in rep.limits],
+                          "failed": rep.failed_bars()}))
+    """)
+    (row,) = out["limits"]
+    assert row["key"] == "guard.cpu_baseline" and row["pass"] == "False" and row["value"] == "inf", row
+    assert "exited (status 3)" in row["error"], row
+    assert out["failed"] == ["guard.cpu_baseline"]  # the ratio bar above passed and is still reported
