@@ -155,6 +155,13 @@ def test_killed_builder_does_not_block_and_live_builder_is_waited_for_with_a_bou
         ("TORCHNEURON_LAB_NUM_DEVICES", "two", "TORCHNEURON_LAB_NUM_DEVICES='two' is not an integer"),
         ("TORCHNEURON_LAB_PROFILE", "bogus", "TORCHNEURON_LAB_PROFILE: "),
         ("TORCHNEURON_LAB_HBM_BYTES", "lots", "TORCHNEURON_LAB_HBM_BYTES='lots' is not a size"),
+        # runtime switches the C++ core would have read as their default (launch blocking: asynchronous)
+        ("TORCHNEURON_LAB_LAUNCH_BLOCKING", "true", "TORCHNEURON_LAB_LAUNCH_BLOCKING='true': must be one of 0, 1"),
+        ("TORCHNEURON_LAB_SPIN_THROTTLE", "sometimes",
+         "TORCHNEURON_LAB_SPIN_THROTTLE='sometimes': must be one of auto, on, off, 0, 1"),
+        ("TORCHNEURON_LAB_QUEUE_GRAPHS", "no", "TORCHNEURON_LAB_QUEUE_GRAPHS='no': must be one of 0, 1"),
+        ("TORCHNEURON_LAB_SYNC_TIMEOUT", "inf", "TORCHNEURON_LAB_SYNC_TIMEOUT='inf': must be a positive, finite"),
+        ("TORCHNEURON_LAB_SYNC_TIMEOUT", "soon", "TORCHNEURON_LAB_SYNC_TIMEOUT='soon': must be a positive, finite"),
     ],
 )
 def test_bad_environment_keeps_torch_importable(var: str, value: str, message: str) -> None:

@@ -84,6 +84,32 @@ def _resolve(num_devices: int | None, hbm_bytes: int | None, profile_name: str |
     return {"num_devices": n, "hbm_bytes": hbm, "profile": prof.name}
 
 
+#: Switches the C++ core reads at first use (``queue.cpp``) or the compiler reads per graph. The core would
+#: take a value it does not know for the default (``TORCHNEURON_LAB_LAUNCH_BLOCKING=true`` ran asynchronously,
+#: the opposite of what was asked), so a bad value is refused at registration, as the configuration's are.
+_RUNTIME_SWITCHES: dict[str, tuple[str, ...]] = {
+    "TORCHNEURON_LAB_LAUNCH_BLOCKING": ("0", "1"),
+    "TORCHNEURON_LAB_SPIN_THROTTLE": ("auto", "on", "off", "0", "1"),
+    "TORCHNEURON_LAB_QUEUE_GRAPHS": ("0", "1"),
+}
+
+
+def check_runtime_env() -> None:
+    """Raise ``ValueError`` naming the variable for a ``TORCHNEURON_LAB_*`` runtime switch the core would ignore."""
+    for name, allowed in _RUNTIME_SWITCHES.items():
+        raw = os.environ.get(name)
+        if raw and raw not in allowed:
+            raise ValueError(f"{name}={raw!r}: must be one of {', '.join(allowed)}")
+    raw = os.environ.get("TORCHNEURON_LAB_SYNC_TIMEOUT")
+    if raw:
+        try:
+            seconds = float(raw)
+        except ValueError:
+            seconds = float("nan")
+        if not (0 < seconds < float("inf")):  # every wait has a bound: no 0, negative, inf or nan
+            raise ValueError(f"TORCHNEURON_LAB_SYNC_TIMEOUT={raw!r}: must be a positive, finite number of seconds")
+
+
 @contextlib.contextmanager
 def launch_blocking(enabled: bool = True) -> Iterator[None]:
     """Inside the block every kernel runs on the host at its launch (``TORCHNEURON_LAB_LAUNCH_BLOCKING=1``
@@ -148,6 +174,7 @@ def register() -> None:
             return
         import torch
 
+        check_runtime_env()
         from ._backend import lib
 
         C = lib()

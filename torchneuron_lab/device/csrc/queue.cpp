@@ -23,6 +23,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -43,7 +44,7 @@ double sync_timeout_s() {
     if (v == nullptr || *v == '\0') return 600.0;
     char* end = nullptr;
     const double d = std::strtod(v, &end);
-    return (end != v && d > 0) ? d : 600.0;
+    return (end != v && d > 0 && std::isfinite(d)) ? d : 600.0;  // (import refuses such values: device/__init__.py)
   }();
   return t;
 }
