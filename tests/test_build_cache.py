@@ -162,6 +162,8 @@ def test_killed_builder_does_not_block_and_live_builder_is_waited_for_with_a_bou
         ("TORCHNEURON_LAB_QUEUE_GRAPHS", "no", "TORCHNEURON_LAB_QUEUE_GRAPHS='no': must be one of 0, 1"),
         ("TORCHNEURON_LAB_SYNC_TIMEOUT", "inf", "TORCHNEURON_LAB_SYNC_TIMEOUT='inf': must be a positive, finite"),
         ("TORCHNEURON_LAB_SYNC_TIMEOUT", "soon", "TORCHNEURON_LAB_SYNC_TIMEOUT='soon': must be a positive, finite"),
+        ("TORCHNEURON_LAB_BUILD_TIMEOUT", "inf", "TORCHNEURON_LAB_BUILD_TIMEOUT='inf': must be a positive, finite"),
+        ("TORCHNEURON_LAB_VERBOSE_BUILD", "yes", "TORCHNEURON_LAB_VERBOSE_BUILD='yes': must be one of 0, 1"),
     ],
 )
 def test_bad_environment_keeps_torch_importable(var: str, value: str, message: str) -> None:

@@ -91,7 +91,10 @@ _RUNTIME_SWITCHES: dict[str, tuple[str, ...]] = {
     "TORCHNEURON_LAB_LAUNCH_BLOCKING": ("0", "1"),
     "TORCHNEURON_LAB_SPIN_THROTTLE": ("auto", "on", "off", "0", "1"),
     "TORCHNEURON_LAB_QUEUE_GRAPHS": ("0", "1"),
+    "TORCHNEURON_LAB_VERBOSE_BUILD": ("0", "1"),
 }
+#: Waits in seconds, each bounded: a positive, finite number (``inf`` would be an unbounded wait).
+_RUNTIME_SECONDS = ("TORCHNEURON_LAB_SYNC_TIMEOUT", "TORCHNEURON_LAB_BUILD_TIMEOUT")
 
 
 def check_runtime_env() -> None:
@@ -100,14 +103,15 @@ def check_runtime_env() -> None:
         raw = os.environ.get(name)
         if raw and raw not in allowed:
             raise ValueError(f"{name}={raw!r}: must be one of {', '.join(allowed)}")
-    raw = os.environ.get("TORCHNEURON_LAB_SYNC_TIMEOUT")
-    if raw:
-        try:
-            seconds = float(raw)
-        except ValueError:
-            seconds = float("nan")
-        if not (0 < seconds < float("inf")):  # every wait has a bound: no 0, negative, inf or nan
-            raise ValueError(f"TORCHNEURON_LAB_SYNC_TIMEOUT={raw!r}: must be a positive, finite number of seconds")
+    for name in _RUNTIME_SECONDS:
+        raw = os.environ.get(name)
+        if raw:
+            try:
+                seconds = float(raw)
+            except ValueError:
+                seconds = float("nan")
+            if not (0 < seconds < float("inf")):  # every wait has a bound: no 0, negative, inf or nan
+                raise ValueError(f"{name}={raw!r}: must be a positive, finite number of seconds")
 
 
 @contextlib.contextmanager

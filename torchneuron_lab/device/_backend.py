@@ -244,7 +244,10 @@ def lib() -> ModuleType:
         build_dir = root / f"build-{key}"
         built = False
         if not _verified(build_dir):
-            timeout = float(os.environ.get("TORCHNEURON_LAB_BUILD_TIMEOUT", "900"))
+            from . import check_runtime_env
+
+            check_runtime_env()  # (also reached with TORCHNEURON_LAB_REGISTER=0): a bounded wait
+            timeout = float(os.environ.get("TORCHNEURON_LAB_BUILD_TIMEOUT") or "900")
             with _BuildLock(root / f"build-{key}.lock", timeout):
                 if not _verified(build_dir):  # nobody built it while we waited
                     _build(build_dir)
