@@ -65,6 +65,7 @@ def cpu_probe() -> float:
 
 
 CPU_GUARD_BAR = 1.25
+_GUARD_ROW = ("guard.cpu_baseline", "CPU probe in this process / in a fresh process")
 GUARD_PAIRS = 6
 _GUARD_TIMEOUT_S = 120.0
 
@@ -105,7 +106,7 @@ def _read_line(proc: Any, deadline: float) -> str:
     return line.strip()
 
 
-def cpu_guard_probes(pairs: int = GUARD_PAIRS, probe: Any = None) -> list[tuple[float, float]]:
+def cpu_guard_probes(pairs: int = GUARD_PAIRS) -> list[tuple[float, float]]:
     """(this process, a fresh process) CPU probes, in pairs taken back to back (order alternating).
 
     The CPU baselines of these scripts run in the same process as the device, so a device that slows the
@@ -117,7 +118,6 @@ def cpu_guard_probes(pairs: int = GUARD_PAIRS, probe: Any = None) -> list[tuple[
     """
     import subprocess
 
-    probe = probe or cpu_probe
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.Popen(
         [sys.executable, "-c", _REFERENCE_CHILD, here, str(torch.get_num_threads())],
@@ -127,20 +127,20 @@ def cpu_guard_probes(pairs: int = GUARD_PAIRS, probe: Any = None) -> list[tuple[
     try:
         if _read_line(proc, deadline) != "ready":
             raise RuntimeError("the CPU reference process did not start")
-        probe()  # warm, as the child did
+        cpu_probe()  # warm, as the child did
+
+        def reference() -> float:
+            proc.stdin.write("probe\n")
+            proc.stdin.flush()
+            return float(_read_line(proc, deadline))
+
         out = []
         for i in range(pairs):
-            here_first = i % 2 == 0
-            got = {}
-            for side in ("here", "ref") if here_first else ("ref", "here"):
-                time.sleep(SETTLE_S)  # the other side's idle OpenMP helpers stop spinning
-                if side == "here":
-                    got[side] = probe()
-                else:
-                    proc.stdin.write("probe\n")
-                    proc.stdin.flush()
-                    got[side] = float(_read_line(proc, deadline))
-            out.append((got["here"], got["ref"]))
+            time.sleep(SETTLE_S)  # the other side's idle OpenMP helpers stop spinning
+            first = cpu_probe() if i % 2 == 0 else reference()
+            time.sleep(SETTLE_S)
+            second = reference() if i % 2 == 0 else cpu_probe()
+            out.append((first, second) if i % 2 == 0 else (second, first))
         return out
     finally:
         proc.kill()
@@ -410,9 +410,7 @@ class Report:
             pairs = cpu_guard_probes()
         except (OSError, RuntimeError, TimeoutError, ValueError) as e:  # the results above still count
             print(f"CPU baseline guard: FAIL, the reference process failed: {e}")
-            row = self.limit("guard.cpu_baseline", "CPU probe in this process / in a fresh process", float("inf"),
-                             "x", CPU_GUARD_BAR)
-            row["error"] = str(e)
+            self.limit(*_GUARD_ROW, float("inf"), "x", CPU_GUARD_BAR)["error"] = str(e)
             return
         ratio = statistics.median(here / ref for here, ref in pairs)
         here = statistics.median(p[0] for p in pairs)
@@ -420,8 +418,7 @@ class Report:
         print(f"CPU baseline guard: probe {here / 1e3:.1f} us in this process after the neuron runs, "
               f"{ref / 1e3:.1f} us in a fresh process, paired median {ratio:.3f}x (bar <= {CPU_GUARD_BAR}) "
               f"{'PASS' if ratio <= CPU_GUARD_BAR else 'FAIL: the device slows the CPU side'}")
-        self.limit("guard.cpu_baseline", "CPU probe in this process / in a fresh process", ratio, "x",
-                   CPU_GUARD_BAR)
+        self.limit(*_GUARD_ROW, ratio, "x", CPU_GUARD_BAR)
 
     def finish(self) -> int:
         self.cpu_guard()
