@@ -12,16 +12,24 @@ Method (the same for every script):
 - Repeats: ``rounds`` rounds; each round times one block of every variant, and the order of the
   variants alternates (A B, B A, ...) so drift of the machine (frequency, other load) hits both.
 - Reported: median and min of the per-block ns/iteration of each side; the ratio is the **median of
-  the per-round ratios** (paired, so slow drift cancels) and, for reference, min/min.
+  the per-round ratios** (paired, so slow drift cancels) and, for reference, min/min. Each block also
+  counts the process's minor page faults per iteration (``getrusage``): glibc gives large freed blocks
+  back to the kernel, so CPU eager code can pay a fault per 4 KiB page of every large temporary, which the
+  neuron device's caching allocator never does.
+- ``--malloc retain`` (diagnostic; default ``default``) asks glibc to keep freed memory (``mallopt``:
+  mmap threshold 32 MiB, trim threshold 1 GiB, top pad 64 MiB) before anything runs, so neither side
+  pays those faults: what is left between the sides is their kernels and launches, not the allocator.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -49,7 +57,41 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument(
         "--strict", action="store_true", help="exit with status 1 when a bar fails (default: report only)"
     )
+    p.add_argument(
+        "--malloc",
+        choices=("default", "retain"),
+        default="default",
+        help="retain: glibc keeps freed memory (no page faults for reused temporaries), a diagnostic",
+    )
     return p
+
+
+# glibc's mallopt parameters (malloc.h) and the values of ``--malloc retain``; glibc caps the mmap
+# threshold at 32 MiB on 64-bit (HEAP_MAX_SIZE / 2), so larger blocks are still mapped per allocation.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+RETAIN_MALLOPT = {_M_MMAP_THRESHOLD: 32 << 20, _M_TRIM_THRESHOLD: 1 << 30, _M_TOP_PAD: 64 << 20}
+
+
+_malloc_mode = "default"  # what this process's glibc was told (the guard's reference process is told the same)
+
+
+def retain_freed_memory() -> None:
+    """Make glibc keep freed memory in the process (``--malloc retain``); raises where that is not glibc."""
+    global _malloc_mode
+    libc = ctypes.CDLL(None)
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None or not hasattr(libc, "gnu_get_libc_version"):
+        raise RuntimeError("--malloc retain needs glibc (mallopt)")
+    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+    for param, value in RETAIN_MALLOPT.items():
+        if mallopt(param, value) != 1:
+            raise RuntimeError(f"glibc refused mallopt({param}, {value})")
+    _malloc_mode = "retain"
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (every thread: the device worker's too)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def cpu_probe() -> float:
@@ -77,6 +119,8 @@ sys.path.insert(0, sys.argv[1])
 import torch
 torch.set_num_threads(int(sys.argv[2]))
 import _common
+if sys.argv[3] == "retain":
+    _common.retain_freed_memory()
 _common.cpu_probe()
 print("ready", flush=True)
 for line in sys.stdin:
@@ -87,6 +131,8 @@ for line in sys.stdin:
 
 
 def setup(args: argparse.Namespace) -> None:
+    if getattr(args, "malloc", "default") == "retain":
+        retain_freed_memory()
     torch.set_num_threads(args.threads)
     import torchneuron_lab  # noqa: F401  (registers the neuron device; builds the C++ core on first use)
 
@@ -120,7 +166,7 @@ def cpu_guard_probes(pairs: int = GUARD_PAIRS) -> list[tuple[float, float]]:
 
     here = os.path.dirname(os.path.abspath(__file__))
     proc = subprocess.Popen(
-        [sys.executable, "-c", _REFERENCE_CHILD, here, str(torch.get_num_threads())],
+        [sys.executable, "-c", _REFERENCE_CHILD, here, str(torch.get_num_threads()), _malloc_mode],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     deadline = time.monotonic() + _GUARD_TIMEOUT_S
@@ -207,16 +253,23 @@ def make_loop(
 
 
 def _timed(loop: Any, n: int) -> float:
-    """ns per iteration of one block, with the garbage collector off."""
+    """ns per iteration of one block, with the garbage collector off (``_timed_faults`` also counts faults)."""
+    return _timed_faults(loop, n)[0]
+
+
+def _timed_faults(loop: Any, n: int) -> tuple[float, float]:
+    """ns and minor page faults per iteration of one block, with the garbage collector off."""
     gc.collect()
     gc_was = gc.isenabled()
     gc.disable()
     try:
+        f0 = minor_faults()
         ns = loop(n)
+        faults = minor_faults() - f0
     finally:
         if gc_was:
             gc.enable()
-    return ns / n
+    return ns / n, faults / n
 
 
 def calibrate(loop: Any, target_s: float, min_n: int = 1, max_n: int = 1_000_000) -> int:
@@ -237,13 +290,22 @@ class Side:
     median_ns: float
     min_ns: float
     samples: list[float]
+    faults: list[float] = field(default_factory=list)  # minor page faults per iteration, per block
 
     @classmethod
-    def of(cls, samples: list[float]) -> Side:
-        return cls(statistics.median(samples), min(samples), samples)
+    def of(cls, samples: list[float], faults: list[float] | None = None) -> Side:
+        return cls(statistics.median(samples), min(samples), samples, list(faults or []))
+
+    @property
+    def median_faults(self) -> float | None:
+        return statistics.median(self.faults) if self.faults else None
 
     def to_json(self) -> dict[str, Any]:
-        return {"median_ns": self.median_ns, "min_ns": self.min_ns, "samples_ns": self.samples}
+        doc: dict[str, Any] = {"median_ns": self.median_ns, "min_ns": self.min_ns, "samples_ns": self.samples}
+        if self.faults:
+            doc["median_faults_per_iter"] = self.median_faults
+            doc["faults_per_iter"] = self.faults
+        return doc
 
 
 def interleave(loops: dict[str, Any], n: int, rounds: int, warmup_blocks: int = 1) -> dict[str, Side]:
@@ -254,12 +316,15 @@ def interleave(loops: dict[str, Any], n: int, rounds: int, warmup_blocks: int = 
             settle(loops[k])
             _timed(loops[k], n)
     samples: dict[str, list[float]] = {k: [] for k in names}
+    faults: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         order = names if r % 2 == 0 else names[::-1]
         for k in order:
             settle(loops[k])
-            samples[k].append(_timed(loops[k], n))
-    return {k: Side.of(v) for k, v in samples.items()}
+            ns, flt = _timed_faults(loops[k], n)
+            samples[k].append(ns)
+            faults[k].append(flt)
+    return {k: Side.of(samples[k], faults[k]) for k in names}
 
 
 def paired_ratio(cand: Side, base: Side) -> float:
@@ -354,6 +419,8 @@ class Report:
             f"load avg {os.getloadavg()[0]:.2f} | "
             f"{'QUICK (smoke run, noisy)' if self.args.quick else 'full run'}"
         )
+        if _malloc_mode == "retain":
+            print("   malloc: retain (glibc keeps freed memory: mmap threshold 32 MiB, trim threshold 1 GiB)")
         print("   ratio = median over interleaved rounds of (candidate block / baseline block)")
         print()
 
@@ -438,6 +505,7 @@ class Report:
                 "threads": torch.get_num_threads(),
                 "cpu_count": os.cpu_count(),
                 "quick": bool(self.args.quick),
+                "malloc": _malloc_mode,
                 "unix_time": time.time(),
                 "load_avg_1m_at_end": os.getloadavg()[0],
                 "ratios": {r["key"]: r["ratio"] for r in self.ratios},

@@ -341,6 +341,7 @@ def main() -> int:
             "compile_s_samples": {SIDE_NAME[d]: v for d, v in secs.items()},
             "compile_ratio": compile_ratio,
             "compiled_vs_eager_max_rel_diff": {SIDE_NAME[d]: v for d, v in check.items()},
+            "faults_per_iter": {k: side.median_faults for k, side in sides.items()},
         }
 
     _print(rep, results)
@@ -368,6 +369,11 @@ def _print(rep: Report, results: dict[str, dict[str, Any]]) -> None:
         print(f"{res['label']:<62} {' '.join(cells)}  {res['iters_per_block']:>7} x {res['rounds']:<5}")
     print()
     print("median per-block times above; speedup = eager / compiled (median over rounds); compile time in s")
+    print("minor page faults per iteration (median over blocks; glibc returning freed temporaries to the kernel):")
+    for key, res in results.items():
+        f = res["faults_per_iter"]
+        print(f"  {key:<34} eager cpu {f['cpu.eager']:7.0f}  inductor {f['cpu.compiled']:7.0f}  "
+              f"eager neuron {f['neuron.eager']:7.0f}  neuron {f['neuron.compiled']:7.0f}")
     print("sanity (untimed): max |compiled - eager| / max |eager| of one output per side")
     for key, res in results.items():
         chk = res["compiled_vs_eager_max_rel_diff"]

@@ -228,6 +228,7 @@ def main() -> int:
             "rounds": rounds,
             "parity": parity,
             "breakdown": bd_row,
+            "faults_per_step": {v: s.median_faults for v, s in sides.items()},
             "wall_s": time.perf_counter() - t_model,
         }
         r = results[name]
@@ -236,7 +237,8 @@ def main() -> int:
             f"  neuron eager {mins['neuron.eager'] / 1e6:8.2f}"
             f"  inductor-cpu {mins['cpu.compiled'] / 1e6:8.2f}"
             f"  neuron compiled {mins['neuron.compiled'] / 1e6:8.2f}"
-            f"  ({n} steps x {rounds}, {r['wall_s']:.0f} s)",
+            f"  ({n} steps x {rounds}, {r['wall_s']:.0f} s)"
+            f"  page faults/step {'/'.join(f'{r['faults_per_step'][v]:.0f}' for v in VARIANTS)}",
             flush=True,
         )
     _print(results)

@@ -102,3 +102,24 @@ def test_a_reference_process_that_dies_fails_the_guard_without_losing_the_report
     assert row["key"] == "guard.cpu_baseline" and row["pass"] == "False" and row["value"] == "inf", row
     assert "exited (status 3)" in row["error"], row
     assert out["failed"] == ["guard.cpu_baseline"]  # the ratio bar above passed and is still reported
+
+
+def test_blocks_count_page_faults_and_retain_keeps_freed_memory() -> None:
+    """CPU eager code whose large temporaries glibc maps and unmaps pays a minor fault per 4 KiB page of each
+    (the neuron allocator caches its blocks): the harness counts faults per iteration of every block, and
+    ``--malloc retain`` (a diagnostic: glibc keeps freed memory) makes them go away below its 32 MiB cap."""
+    out = _run("""
+        import torchneuron_lab  # interleave() settles the device between blocks
+        def faults(mib):
+            loop = _common.make_loop("torch.empty(n).fill_(1.0)", {"n": mib << 18}, sync="pass")
+            return _common.interleave({"x": loop}, 4, 3)["x"].faults
+        mapped = faults(48)  # above glibc's mmap threshold cap (32 MiB): mapped, touched, unmapped each time
+        mode0 = _common._malloc_mode
+        _common.retain_freed_memory()
+        kept = faults(24)
+        print(json.dumps({"mapped": mapped, "kept": kept, "modes": [mode0, _common._malloc_mode]}))
+    """)
+    pages = (48 << 20) // 4096
+    assert len(out["mapped"]) == 3 and min(out["mapped"]) >= 0.9 * pages, out
+    assert len(out["kept"]) == 3 and sorted(out["kept"])[1] <= 50, out  # the median (the first block may still grow the heap)
+    assert out["modes"] == ["default", "retain"]

@@ -58,6 +58,8 @@ EXPECTED: dict[str, list[str]] = {
             r"  \[compile time bar <= 1\.20x: (PASS|FAIL)\]$"
             for key in COMPILE_CASES
         ),
+        *(rf"^  {re.escape(key)} +eager cpu +\d+  inductor +\d+  eager neuron +\d+  neuron +\d+$"
+          for key in COMPILE_CASES),
         r"^BARS \d+/11 pass",
     ],
     "bench_profile_cost.py": [
@@ -126,6 +128,7 @@ def test_benchmark_quick_run(script: str, tmp_path: Path) -> None:
     doc = json.loads(out_json.read_text())
     assert doc["limits"]["guard.cpu_baseline"] > 0
     assert doc["quick"] is True
+    assert doc["malloc"] == "default"
     assert doc["threads"] >= 1
     # every printed ratio comes from the common Report and is in its JSON, and every expected ratio is printed
     ratio_keys = {m.group(1) for m in re.finditer(r"^RATIO (\S+) ", proc.stdout, re.MULTILINE)}
@@ -143,3 +146,7 @@ def test_benchmark_quick_run(script: str, tmp_path: Path) -> None:
             # at the session-start commit too), so it only gets a sanity bound
             assert set(diffs) == {"neuron", "inductor-cpu"}, (key, diffs)
             assert diffs["neuron"] < 1e-4 and diffs["inductor-cpu"] < 1e-3, (key, diffs)
+            # page faults per iteration, per variant (what eager CPU pays for its temporaries and neuron not)
+            faults = doc["cases"][key]["faults_per_iter"]
+            assert set(faults) == {"cpu.eager", "cpu.compiled", "neuron.eager", "neuron.compiled"}, faults
+            assert all(v >= 0 for v in faults.values()), faults

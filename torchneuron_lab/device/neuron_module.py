@@ -273,12 +273,15 @@ def default_stream(device: _DeviceLike = None) -> Stream:
 
 
 def set_stream(stream: torch.Stream | None) -> None:
-    """Make ``stream`` current on its device for this thread (None: no-op, as torch.cuda)."""
+    """Make ``stream`` current on its device, and its device current, for this thread (None: no-op), as
+    ``torch.cuda.set_stream`` and ``torch.accelerator.set_stream`` do."""
     if stream is None:
         return
     if stream.device_type != _device_type_code():
         raise ValueError(f"expected a neuron stream, got {stream!r}")
     _lib().set_stream(stream.device_index, stream.stream_id)
+    if stream.device_index != current_device():
+        set_device(stream.device_index)
 
 
 class StreamContext:

@@ -67,12 +67,16 @@ struct Block {
   bool small;
   bool allocated = false;
   // Stream-ordered reuse: the stream the block's segment belongs to, the stream position launched last
-  // when it was freed (work up to there may still use it), streams it was also used on (record_stream)
-  // and, while a free waits for those, the positions they must complete.
+  // when it was freed (work up to there may still use it), streams it was also used on (record_stream;
+  // a stream of any device, as CUDA's) and, while a free waits for those, the positions they must complete.
+  struct StreamPos {
+    int device, stream;
+    uint64_t pos;
+  };
   int stream = 0;
   uint64_t free_pos = 0;
-  std::vector<int> uses;
-  std::vector<std::pair<int, uint64_t>> pending;
+  std::vector<std::pair<int, int>> uses;  // (device, stream)
+  std::vector<StreamPos> pending;
   Block* prev = nullptr;
   Block* next = nullptr;
   std::shared_ptr<c10::GatheredContext> context;
@@ -193,7 +197,7 @@ class DeviceAllocator {
     block->free_pos = stream_enqueued(device_, block->stream);
     if (!block->uses.empty()) {
       // Used on other streams (record_stream): cached only once the work they had launched by now is done.
-      for (int s : block->uses) block->pending.emplace_back(s, stream_enqueued(device_, s));
+      for (const auto& [d, s] : block->uses) block->pending.push_back({d, s, stream_enqueued(d, s)});
       block->uses.clear();
       pending_.push_back(block);
       process_pending();
@@ -203,14 +207,15 @@ class DeviceAllocator {
     return true;
   }
 
-  // record_stream: the live block at p is also used by work on `stream`.
-  void record_use(void* p, int stream) {
+  // record_stream: the live block at p is also used by work on `stream` of `device` (checked by the caller).
+  void record_use(void* p, int device, int stream) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = active_.find(static_cast<char*>(p));
     if (it == active_.end()) return;
     Block* b = it->second;
-    if (stream == b->stream) return;
-    if (std::find(b->uses.begin(), b->uses.end(), stream) == b->uses.end()) b->uses.push_back(stream);
+    if (device == device_ && stream == b->stream) return;
+    const std::pair<int, int> use(device, stream);
+    if (std::find(b->uses.begin(), b->uses.end(), use) == b->uses.end()) b->uses.push_back(use);
   }
 
   // Frees whose other-stream work has completed join the cache.
@@ -219,7 +224,7 @@ class DeviceAllocator {
     for (auto it = pending_.begin(); it != pending_.end();) {
       Block* b = *it;
       bool done = true;
-      for (const auto& [s, pos] : b->pending) done = done && stream_completed(device_, s) >= pos;
+      for (const auto& u : b->pending) done = done && stream_completed(u.device, u.stream) >= u.pos;
       if (done) {
         b->pending.clear();
         it = pending_.erase(it);
@@ -301,6 +306,7 @@ class DeviceAllocator {
       uintptr_t address;
       size_t size, requested;
       bool allocated;
+      bool pending_free;  // freed, not reusable until the other streams it was used on pass its free
       std::shared_ptr<c10::GatheredContext> ctx;
     };
     std::vector<BlockView> blocks;
@@ -312,7 +318,7 @@ class DeviceAllocator {
       SegView s{kv.first, kv.second.size_total, kv.second.head->small, kv.second.head->stream, {}};
       for (Block* b = kv.second.head; b != nullptr; b = b->next)
         s.blocks.push_back({reinterpret_cast<uintptr_t>(b->ptr), b->size, b->requested_size, b->allocated,
-                            b->context});
+                            !b->allocated && !b->pending.empty(), b->context});
       out.push_back(std::move(s));
     }
     return out;
@@ -751,7 +757,7 @@ void record_block_stream(void* ptr, int device, int stream) {
   for (int d = 0; d < 64; ++d) {
     DeviceAllocator* a = peek_device(d);
     if (a != nullptr && a->owns(ptr)) {
-      a->record_use(ptr, stream);
+      a->record_use(ptr, device, stream);
       return;
     }
   }

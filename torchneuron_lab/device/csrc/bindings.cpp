@@ -248,14 +248,15 @@ py::dict snapshot_py() {
         bd["address"] = b.address;
         bd["size"] = b.size;
         bd["requested_size"] = b.allocated ? b.requested : 0;
-        bd["state"] = b.allocated ? "active_allocated" : "inactive";
+        // torch.cuda's states: a freed block still used by another stream's queued work is pending free
+        bd["state"] = b.allocated ? "active_allocated" : b.pending_free ? "active_pending_free" : "inactive";
         bd["frames"] = frames[k++];
         blocks.append(bd);
         if (b.allocated) {
           allocated += b.size;
-          active += b.size;
           requested += b.requested;
         }
+        if (b.allocated || b.pending_free) active += b.size;
       }
       seg["device"] = d;
       seg["address"] = s.address;
@@ -527,15 +528,13 @@ void init_module(py::module& m) {
     drain_all();
   });
   // Event.elapsed_time for torch.neuron.Event (torch.Event's own method accepts only exact torch.Event
-  // objects): the events by their event_id (the address of their NeuronEvent).
+  // objects): the events by their event_id (the address of their NeuronEvent), which must be live events.
   m.def("event_elapsed_ms", [](int64_t a_id, int64_t b_id) {
-    auto* a = reinterpret_cast<NeuronEvent*>(a_id);
-    auto* b = reinterpret_cast<NeuronEvent*>(b_id);
-    TORCH_CHECK(a != nullptr && b != nullptr && a->pos != 0 && b->pos != 0,
-                "Both events must be recorded before calculating elapsed time.");
-    TORCH_CHECK(a->timing && b->timing, "Both events must be created with argument 'enable_timing=True'.");
-    TORCH_CHECK(event_done(a) && event_done(b), "Both events must be completed before calculating elapsed time.");
-    return static_cast<double>(b->time_ns.load() - a->time_ns.load()) / 1e6;
+    NeuronEvent* a = a_id == 0 ? nullptr : live_event(a_id);
+    NeuronEvent* b = b_id == 0 ? nullptr : live_event(b_id);
+    TORCH_CHECK_TYPE((a_id == 0 || a != nullptr) && (b_id == 0 || b != nullptr),
+                     "elapsed_time: expected neuron Events (an event_id names no live neuron event)");
+    return event_elapsed_ms(a, b);
   });
   m.def("raise_async_error", [](int d) {
     check_device_index(d);

@@ -18,6 +18,13 @@ void set_current_device(int index) {
 
 struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return kNeuron; }
+  // A stream query's device: the current one for an index-less device; an index that does not exist raises
+  // (as CUDA's check_device) instead of reading another device's stream table.
+  static int index_of(c10::Device d) {
+    const int i = d.has_index() ? d.index() : current_device();
+    check_device_index(i);
+    return i;
+  }
   c10::Device exchangeDevice(c10::Device d) const override {
     c10::Device old = getDevice();
     if (d.index() != old.index()) setDevice(d);
@@ -34,20 +41,22 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   // Streams (queue.cpp): id 0 is each device's default stream; every stream has its own FIFO queue and
   // worker thread. The current stream is per thread and per device, as in CUDA.
   c10::Stream getStream(c10::Device d) const override {
-    const int i = d.has_index() ? d.index() : current_device();
+    const int i = index_of(d);
     return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), current_stream(i));
   }
   c10::Stream getDefaultStream(c10::Device d) const override {
-    const int i = d.has_index() ? d.index() : current_device();
+    const int i = index_of(d);
     return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), 0);
   }
   c10::Stream getStreamFromGlobalPool(c10::Device d, bool isHighPriority = false) const override {
-    const int i = d.has_index() ? d.index() : current_device();
+    const int i = index_of(d);
     return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), pool_stream(i, isHighPriority));
   }
+  // A new stream comes from the device's pool, round robin per priority, as CUDA's getNewStream: creating
+  // streams in a loop never runs out (each stream of the pool has its own worker thread).
   c10::Stream getNewStream(c10::Device d, int priority = 0) const override {
-    const int i = d.has_index() ? d.index() : current_device();
-    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), new_stream(i, priority));
+    const int i = index_of(d);
+    return c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, i), pool_stream(i, priority < 0));
   }
   c10::Stream exchangeStream(c10::Stream s) const override {
     const int i = s.device_index();
@@ -66,8 +75,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
                 static_cast<int>(stream.device_index()), ".");
     auto* ev = static_cast<NeuronEvent*>(*event);
     if (ev == nullptr) {
-      ev = new NeuronEvent();
-      ev->timing = flag == c10::EventFlag::BACKEND_DEFAULT;
+      ev = new_event(flag == c10::EventFlag::BACKEND_DEFAULT);
       *event = ev;
     }
     record_event(ev, stream.device_index(), static_cast<int>(stream.id()));
@@ -77,14 +85,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
   bool queryEvent(void* event) const override { return event_done(static_cast<NeuronEvent*>(event)); }
   void destroyEvent(void* event, const c10::DeviceIndex /*device_index*/) const noexcept override {
-    auto* ev = static_cast<NeuronEvent*>(event);
-    if (ev == nullptr) return;
-    // Its marker may still be queued (it writes the event's time when it runs): wait for it first.
-    try {
-      if (ev->pos != 0 && !in_bad_fork()) wait_position_quiet(ev->device, ev->stream, ev->pos);
-    } catch (...) {
-    }
-    delete ev;
+    destroy_event(static_cast<NeuronEvent*>(event));  // its queued markers keep their own stamps: no wait
   }
   bool queryStream(const c10::Stream& s) const override {
     return stream_idle(s.device_index(), static_cast<int>(s.id()));
@@ -105,14 +106,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     record_block_stream(data_ptr.get(), s.device_index(), static_cast<int>(s.id()));
   }
   double elapsedTime(void* start, void* end, const c10::DeviceIndex /*device_index*/) const override {
-    auto* a = static_cast<NeuronEvent*>(start);
-    auto* b = static_cast<NeuronEvent*>(end);
-    TORCH_CHECK(a != nullptr && b != nullptr && a->pos != 0 && b->pos != 0,
-                "Both events must be recorded before calculating elapsed time.");
-    TORCH_CHECK(a->timing && b->timing, "Both events must be created with argument 'enable_timing=True'.");
-    TORCH_CHECK(event_done(a) && event_done(b),
-                "Both events must be completed before calculating elapsed time.");
-    return static_cast<double>(b->time_ns.load() - a->time_ns.load()) / 1e6;
+    return event_elapsed_ms(static_cast<NeuronEvent*>(start), static_cast<NeuronEvent*>(end));
   }
 };
 

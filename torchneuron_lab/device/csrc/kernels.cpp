@@ -1116,9 +1116,6 @@ void land_results(torch::jit::Stack& st, const std::vector<at::Tensor>& targets,
     if (!in_place(*dst, t)) dst->copy_(t);
 }
 
-// A queued kernel's event as every launch path records it: the op (or the name a compiled graph's code gives
-// it), its graph, the bytes read and written, the signature taken if it is new. Not recording: a new
-// signature's pending description is dropped, and the event stays empty.
 // The fields every kernel event has, queued or run on the host: the op (or the name a compiled graph's code
 // gives it), its graph, the bytes read and written.
 void fill_kernel_fields(EventRecord& ev, const OpMeta& meta, int device, bool new_sig, int64_t bytes_read,
@@ -1135,6 +1132,8 @@ void fill_kernel_fields(EventRecord& ev, const OpMeta& meta, int device, bool ne
   ev.new_signature = new_sig;
 }
 
+// A queued kernel's event as every launch path records it: those fields and the signature taken if it is new.
+// Not recording: a new signature's pending description is dropped, and the event stays empty.
 EventRecord kernel_event(const OpMeta& meta, int device, bool rec, bool new_sig, int64_t bytes_read,
                          int64_t bytes_written) {
   EventRecord ev;
@@ -1773,7 +1772,7 @@ void record_dma(const char* name, Direction dir, int device, int64_t t0, int64_t
 
 
 // Copies follow PyTorch's CUDA copy: device-to-device copies are launched on the destination's current
-// stream; a host<->device copy with non_blocking=False waits for the stream (the copy runs after the work
+// stream (between devices with a barrier each way on the source's current stream, as CUDA's); a host<->device copy with non_blocking=False waits for the stream (the copy runs after the work
 // launched before it, and the host gets the data); with non_blocking=True it is launched too (a pageable
 // host source is staged, copied at the launch, as cudaMemcpyAsync does; a pinned one is read by the DMA).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -1800,10 +1799,12 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
                      : cpu_alias(dst);
   // a copy between overlapping memory is checked by the CPU copy itself, on the host path
   const bool overlapping = src_n && dst_n && self.storage().unsafeGetStorageImpl() == dst.storage().unsafeGetStorageImpl();
-  if (src_n && dst_n && self.device() != dst.device())
-    synchronize_stream(self.device().index(), current_stream(self.device().index()), "sync: device→device copy");
+  const bool cross = src_n && dst_n && self.device() != dst.device();
+  const int src_dev = cross ? self.device().index() : -1;
   const bool async =
       worker_stream() < 0 && !launch_blocking() && !overlapping && ((src_n && dst_n) || non_blocking);
+  if (cross && !async)
+    synchronize_stream(src_dev, current_stream(src_dev), "sync: device→device copy");
   if (async) {
     // the same checks the copy makes, at the launch (shapes, overlap), on meta twins
     {
@@ -1820,6 +1821,11 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     w.stream = current_stream(dev);
     static const int32_t copy_id = intern_string("aten::copy_");
     w.launch = begin_launch(copy_id);
+    // Between devices, CUDA's two-way barrier, without blocking the host: the copy (on the destination's
+    // stream) waits for the work launched on the source's current stream so far, and that stream's later
+    // work (a kernel writing the source, a launch reusing its freed block) waits for the copy.
+    const int src_stream = cross ? current_stream(src_dev) : -1;
+    if (cross) enqueue_stream_wait(dev, w.stream, src_dev, src_stream, stream_enqueued(src_dev, src_stream));
     w.run = [s, d, dir, dname, dev, bytes, rec, stream = w.stream](const Launch& l) {
       const int64_t t0 = now_ns();
       {
@@ -1831,7 +1837,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
         push_launched_event(dma_event(dname, dir, dev, t0, t1, bytes), t0, t1, stream, l);
       }
     };
-    enqueue(std::move(w));
+    const int dst_stream = w.stream;
+    const uint64_t pos = enqueue(std::move(w));
+    if (cross) enqueue_stream_wait(src_dev, src_stream, dev, dst_stream, pos);
     return dst;
   }
   if (worker_stream() < 0)

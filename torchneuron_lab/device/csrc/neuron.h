@@ -249,7 +249,7 @@ bool stream_idle(int device, int stream);
 // stream since the last recorded wait, whether or not the host actually blocked (deterministic counts).
 void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always = true);
 void synchronize_stream(int device, int stream, const char* what, bool record_always = true);
-void wait_position_quiet(int device, int stream, uint64_t pos);  // no record, no error raised
+void wait_position_quiet(int device, int stream, uint64_t pos);  // no record, no async error raised
 void synchronize_device(int device, const char* what);
 void synchronize_all(const char* what);
 // Waits for every queued kernel of every device, recording nothing and raising nothing (reading the
@@ -271,16 +271,25 @@ struct LaunchTag {
 LaunchTag& launch_tag();  // this thread's
 // Frames under this directory are not the user's (Inductor's generated code): launch sites skip them.
 void add_internal_path(const std::string& dir);
-// Events (c10 event handles point at these).
+// Events (c10 event handles point at these). Each record stamps its own cell: a re-record takes a new one,
+// so a marker of an earlier record still queued cannot overwrite the event's time, and a destroyed event
+// leaves its queued markers a live cell (destruction does not wait for them, as cudaEventDestroy).
 struct NeuronEvent {
   int device = -1;
   int stream = 0;
-  uint64_t pos = 0;           // stream position of the record marker; 0 = never recorded
+  uint64_t pos = 0;           // stream position of the latest record's marker; 0 = never recorded
   bool timing = false;
-  std::atomic<int64_t> time_ns{0};  // device time the marker ran (timing events)
+  std::shared_ptr<std::atomic<int64_t>> stamp;  // device time the latest record's marker ran (timing events)
 };
+NeuronEvent* new_event(bool timing);     // registered as live (event_elapsed_ms checks its arguments)
+void destroy_event(NeuronEvent* ev);     // does not wait for queued markers
+NeuronEvent* live_event(int64_t id);     // the live event at address `id`, or nullptr
+double event_elapsed_ms(const NeuronEvent* a, const NeuronEvent* b);
 void record_event(NeuronEvent* ev, int device, int stream);
 void stream_wait_event(int device, int stream, const NeuronEvent* ev);  // enqueues a device-side wait
+// Enqueues on (device, stream) a device-side wait until (other_device, other_stream) completes `pos`; it
+// ends early if the waiting device's queued work is dropped (Ctrl-C during a host wait).
+void enqueue_stream_wait(int device, int stream, int other_device, int other_stream, uint64_t pos);
 bool event_done(const NeuronEvent* ev);
 
 // ---- profiler.cpp ----

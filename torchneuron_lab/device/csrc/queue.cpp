@@ -30,6 +30,7 @@
 #include <mutex>
 #include <sstream>
 #include <thread>
+#include <unordered_set>
 
 namespace tnl {
 
@@ -689,7 +690,7 @@ int new_stream(int device, int priority) {
 }
 
 int pool_stream(int device, bool high_priority) {
-  constexpr int kPoolSize = 4;  // per priority (CUDA has 32 per priority; workers are real threads here)
+  constexpr int kPoolSize = 32;  // per priority, as CUDA's (each stream's worker thread starts at its first launch)
   DeviceQueues& d = queues_of(device);
   const int p = high_priority ? 1 : 0;
   {
@@ -844,7 +845,7 @@ void wait_position(int device, int stream, uint64_t pos, const char* what, bool 
 }
 
 void wait_position_quiet(int device, int stream, uint64_t pos) {
-  wait_on(stream_of(device, stream), pos, "event destroyed", /*interruptible=*/false);
+  wait_on(stream_of(device, stream), pos, "a plan's first launch");  // Ctrl-C honoured, as every host wait
 }
 
 void synchronize_stream(int device, int stream, const char* what, bool record_always) {
@@ -925,26 +926,61 @@ uint64_t cancel_epoch(int device) { return queues_of(device).cancel_epoch.load()
 int worker_stream() { return tls_worker_stream; }
 uint64_t worker_position() { return tls_worker_pos; }
 
+namespace {
+std::mutex g_events_mu;
+std::unordered_set<const NeuronEvent*> g_live_events;
+}  // namespace
+
+NeuronEvent* new_event(bool timing) {
+  auto* ev = new NeuronEvent();
+  ev->timing = timing;
+  std::lock_guard<std::mutex> lock(g_events_mu);
+  g_live_events.insert(ev);
+  return ev;
+}
+
+void destroy_event(NeuronEvent* ev) {
+  if (ev == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(g_events_mu);
+    g_live_events.erase(ev);
+  }
+  delete ev;  // its queued markers hold their own stamps
+}
+
+NeuronEvent* live_event(int64_t id) {
+  auto* ev = reinterpret_cast<NeuronEvent*>(id);
+  std::lock_guard<std::mutex> lock(g_events_mu);
+  return g_live_events.count(ev) != 0 ? ev : nullptr;
+}
+
+double event_elapsed_ms(const NeuronEvent* a, const NeuronEvent* b) {
+  TORCH_CHECK(a != nullptr && b != nullptr && a->pos != 0 && b->pos != 0,
+              "Both events must be recorded before calculating elapsed time.");
+  TORCH_CHECK(a->timing && b->timing, "Both events must be created with argument 'enable_timing=True'.");
+  TORCH_CHECK(event_done(a) && event_done(b), "Both events must be completed before calculating elapsed time.");
+  return static_cast<double>(b->stamp->load() - a->stamp->load()) / 1e6;
+}
+
 void record_event(NeuronEvent* ev, int device, int stream) {
-  ev->device = device;
-  ev->stream = stream;
+  StreamQueue& s = stream_of(device, stream);  // checks the stream before the event changes
   Work w;
   w.device = device;
   w.stream = stream;
   w.launch.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
   w.launch.host_start_ns = now_ns();
   w.launch.name_id = -1;
-  // The marker stamps the device time at which everything before it on the stream has completed.
-  NeuronEvent* target = ev;
-  const bool timing = ev->timing;
-  w.run = [target, timing](const Launch&) {
-    if (timing) target->time_ns.store(now_ns());
-  };
-  ev->time_ns.store(0);
-  StreamQueue& s = stream_of(device, stream);
+  // The marker stamps the device time at which everything before it on the stream has completed, in this
+  // record's own cell (a later record of the event takes a new one).
+  auto stamp = std::make_shared<std::atomic<int64_t>>(0);
+  if (ev->timing) w.run = [stamp](const Launch&) { stamp->store(now_ns()); };
+  else w.run = [](const Launch&) {};
   w.launch.host_end_ns = now_ns();
   {
     std::lock_guard<std::mutex> lock(s.mu);
+    ev->device = device;
+    ev->stream = stream;
+    ev->stamp = std::move(stamp);
     ev->pos = ++s.enqueued;
     s.launched.store(ev->pos, std::memory_order_release);
     s.queue.push_back(std::move(w));
@@ -960,29 +996,39 @@ bool event_done(const NeuronEvent* ev) {
   return s.completed >= ev->pos;
 }
 
-void stream_wait_event(int device, int stream, const NeuronEvent* ev) {
-  if (ev == nullptr || ev->pos == 0) return;  // never recorded: nothing to wait for (as CUDA)
-  if (ev->device == device && ev->stream == stream) return;  // stream order already guarantees it
-  StreamQueue* other = &stream_of(ev->device, ev->stream);
-  const uint64_t pos = ev->pos;
+void enqueue_stream_wait(int device, int stream, int other_device, int other_stream, uint64_t pos) {
+  StreamQueue* other = &stream_of(other_device, other_stream);
   Work w;
   w.device = device;
   w.stream = stream;
   w.launch = Launch{};
   w.launch.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
   w.launch.host_start_ns = now_ns();
-  w.run = [other, pos](const Launch&) {
-    // A device-side wait: this stream's worker blocks until the other stream passes the marker.
-    std::unique_lock<std::mutex> lock(other->mu);
+  w.run = [other, pos, device](const Launch&) {
+    // A device-side wait: this stream's worker blocks until the other stream passes `pos`. It gives up
+    // when this device's queued work is dropped (Ctrl-C in a host wait: the host then waits for the running
+    // work, which must not be this wait on another device's long queue) and after the sync timeout.
+    const uint64_t epoch = cancel_epoch(device);
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(sync_timeout_s()));
-    const bool reached = wait_completed_locked(*other, lock, pos, deadline);
-    TORCH_CHECK(reached,
-                "a neuron stream waited more than ", sync_timeout_s(), " s for an event on stream ", other->id,
-                " (TORCHNEURON_LAB_SYNC_TIMEOUT)");
+    std::unique_lock<std::mutex> lock(other->mu);
+    for (;;) {
+      const auto slice = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
+      if (wait_completed_locked(*other, lock, pos, slice)) return;
+      if (cancel_epoch(device) != epoch) return;
+      TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "a neuron stream waited more than ",
+                  sync_timeout_s(), " s for an event on neuron:", other->device, " stream ", other->id,
+                  " (TORCHNEURON_LAB_SYNC_TIMEOUT)");
+    }
   };
   enqueue(std::move(w));
+}
+
+void stream_wait_event(int device, int stream, const NeuronEvent* ev) {
+  if (ev == nullptr || ev->pos == 0) return;  // never recorded: nothing to wait for (as CUDA)
+  if (ev->device == device && ev->stream == stream) return;  // stream order already guarantees it
+  enqueue_stream_wait(device, stream, ev->device, ev->stream, ev->pos);
 }
 
 }  // namespace tnl
