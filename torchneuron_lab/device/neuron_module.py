@@ -369,6 +369,11 @@ def _generators() -> tuple[torch.Generator, ...]:
 def __getattr__(name: str) -> Any:  # module attribute: built lazily, never initialises memory
     if name == "default_generators":
         return _generators()
+    if name == "_initialized":
+        # torch.cuda's flag, which torch code reads with getattr(device_module, "_initialized", False):
+        # torch.utils.checkpoint saves and restores the device RNG state only when it is true (without it,
+        # a checkpointed dropout's recomputed mask differed from the forward's: wrong gradients)
+        return is_initialized()
     raise AttributeError(f"module 'torch.neuron' has no attribute {name!r}")
 
 
@@ -522,4 +527,38 @@ def _install_multiprocessing_guards() -> None:
         queue_cls.put = _guard_queue_put(queue_cls.put)  # type: ignore[method-assign]
 
 
+
+def _install_storage_and_dlpack_fixes() -> None:
+    """Two torch methods that do not know a renamed PrivateUse1 device or a queued one:
+
+    - ``UntypedStorage.byteswap`` swaps the bytes on the host at once (``mutable_data()``), under kernels
+      still queued to write them: a neuron storage's device is synchronised first.
+    - ``Tensor.__dlpack_device__`` compares the device type with the literal ``"privateuse1"``, so
+      ``torch.from_dlpack(neuron_tensor)`` raised ``Unknown device type neuron``: a neuron tensor is
+      DLPack's ``kDLExtDev`` (what ``to_dlpack``'s capsule already says).
+    """
+    byteswap = torch.UntypedStorage.byteswap
+    if not getattr(byteswap, "_tnl_guard", False):
+
+        def guarded_byteswap(self: torch.UntypedStorage, dtype: torch.dtype) -> None:
+            if self.device.type == "neuron":
+                synchronize(self.device)
+            return byteswap(self, dtype)
+
+        guarded_byteswap._tnl_guard = True  # type: ignore[attr-defined]
+        torch.UntypedStorage.byteswap = guarded_byteswap  # type: ignore[method-assign]
+    dlpack_device = torch.Tensor.__dlpack_device__
+    if not getattr(dlpack_device, "_tnl_guard", False):
+        from torch.utils.dlpack import DLDeviceType
+
+        def neuron_dlpack_device(self: torch.Tensor) -> tuple[Any, int]:
+            if self.device.type == "neuron":
+                return (DLDeviceType.kDLExtDev, self.device.index)
+            return dlpack_device(self)
+
+        neuron_dlpack_device._tnl_guard = True  # type: ignore[attr-defined]
+        torch.Tensor.__dlpack_device__ = neuron_dlpack_device  # type: ignore[method-assign]
+
+
 _install_multiprocessing_guards()
+_install_storage_and_dlpack_fixes()

@@ -13,9 +13,8 @@
 // Native kernels cover allocation, views, copies (DMA), item() (sync), resize_ and set_.
 #include "neuron.h"
 
-#include <ATen/MemoryOverlap.h>
-
 #include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
@@ -1469,7 +1468,18 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       cs.cpu_outputs = true;
     }
   }
-  if (cs.device < 0) cs.device = current_device();
+  if (cs.device < 0) {
+    // No neuron tensor and no neuron device: only a neuron Generator brought the call here (a CPU tensor's
+    // `uniform_(generator=g)`, `torch.rand(n, generator=g)`). CPU's check: the generator must be a CPU one
+    // (the kernel would otherwise write CPU tensors through clones, or make neuron outputs).
+    for (int i : meta.gen_args) {
+      const c10::IValue& v = (*stack)[base + i];
+      if (v.isGenerator())
+        TORCH_CHECK(v.toGenerator().device().type() != kNeuron,
+                    "Expected a 'cpu' device type for generator but found 'neuron'");
+    }
+    cs.device = current_device();
+  }
   if (!foreign_dev.empty() && !cs.ins.empty())
     device_mismatch("neuron:" + std::to_string(cs.device), foreign_dev, foreign_arg, meta.name);
   check_device_index(cs.device);
@@ -1684,8 +1694,9 @@ int device_index_of(std::optional<c10::Device> d) {
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
                                std::optional<at::Layout> layout, std::optional<at::Device> device,
-                               std::optional<bool> /*pin_memory*/,
+                               std::optional<bool> pin_memory,
                                std::optional<at::MemoryFormat> memory_format) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");  // as CUDA's empty
   TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "neuron tensors support only the strided layout, got ",
               *layout);
   const int d = device_index_of(device);
@@ -1700,7 +1711,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride, std::optional<at::ScalarType> dtype,
                          std::optional<at::Layout> layout, std::optional<at::Device> device,
-                         std::optional<bool> /*pin_memory*/) {
+                         std::optional<bool> pin_memory) {
+  TORCH_CHECK(!pin_memory.value_or(false), "Only dense CPU tensors can be pinned");  // as CUDA's empty
   TORCH_CHECK(!layout.has_value() || *layout == at::kStrided, "neuron tensors support only the strided layout, got ",
               *layout);
   const int d = device_index_of(device);
@@ -1813,6 +1825,9 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       at::Tensor msrc = src_n ? meta_twin(s, ms) : at::empty_strided(self.sizes(), self.strides(), self.options().device(c10::kMeta));
       md.copy_(msrc);
     }
+    // and what meta twins cannot see: a destination whose elements share memory (`expand(...).copy_`),
+    // CPU's error at the call
+    at::assert_no_internal_overlap(d);
     if (!src_n && !is_pinned_host_ptr(self.data_ptr())) s = self.clone();  // staged now
     const bool rec = recording();
     const int64_t bytes = nbytes_of(dst);
