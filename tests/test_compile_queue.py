@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -268,3 +268,41 @@ def test_a_graph_calling_a_custom_op_runs_and_records_it_under_its_name(queue: b
     ev = [e.name for e in box[0].events if e.subgraph == rec.id]
     # the custom op's eager launch (its mul) is recorded under the name the graph gives it
     assert ev.count("tnltest::scale_rows.default") == 1
+
+
+# A tensor the user's code makes inside the compiled function (`torch.tensor([...], device=x.device)`) is a
+# real constant of the graph: it was left on neuron, and Inductor's code generation (which sees a CPU graph)
+# failed with "KeyError: 'neuron'" or a fake-tensor device mismatch. Hostile review, ninth session.
+CONSTANT_CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "add": lambda a: a + torch.tensor([1.0, 2.0, 3.0], device=a.device),
+    "index": lambda a: a[torch.tensor([0, 2], device=a.device)],
+    "index_put_accumulate": lambda a: a.clone().index_put_(
+        (torch.tensor([0, 0], device=a.device),), torch.ones(2, device=a.device), accumulate=True),
+    "scatter_add": lambda a: a.scatter_add(0, torch.tensor([0, 0], device=a.device), torch.ones(2, device=a.device)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONSTANT_CASES))
+@pytest.mark.parametrize("device", ["neuron:0", "neuron:1"])
+def test_tensor_constants_made_inside_a_compiled_function(case: str, device: str) -> None:
+    fn = CONSTANT_CASES[case]
+    a = torch.arange(3.0, device=device)
+    n = len(registry.records())
+    got = torch.compile(fn, backend="neuron", fullgraph=True)(a)
+    assert got.device == a.device
+    assert torch.equal(got.cpu(), fn(a).cpu())
+    assert torch.equal(got.cpu(), fn(a.cpu()))
+    assert [r.launch for r in new_records(n)] == ["queued"]
+
+
+def test_a_tensor_constant_in_a_training_graph() -> None:
+    def loss_fn(w: torch.Tensor) -> torch.Tensor:
+        return (w * torch.tensor([0.5, -1.0, 2.0], device=w.device)).square().sum()
+
+    w = torch.tensor([1.0, 2.0, 3.0], device="neuron", requires_grad=True)
+    loss = torch.compile(loss_fn, backend="neuron")(w)
+    loss.backward()
+    w_cpu = w.detach().cpu().requires_grad_()
+    loss_fn(w_cpu).backward()
+    assert loss.item() == pytest.approx(loss_fn(w_cpu).item())
+    assert torch.allclose(w.grad.cpu(), w_cpu.grad)

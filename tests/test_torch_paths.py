@@ -83,3 +83,18 @@ def test_from_dlpack_of_a_neuron_tensor() -> None:
     y = torch.from_dlpack(x)
     assert y.device == x.device and y.data_ptr() == x.data_ptr() and torch.equal(y.cpu(), x.cpu())
     assert torch.ones(2).__dlpack_device__() == (DLDeviceType.kDLCPU, 0)
+
+
+def test_nested_tensors_jagged_run_and_strided_ones_raise_the_layout_error() -> None:
+    import warnings
+
+    parts = [torch.arange(2.0), torch.arange(3.0)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "nested tensors are in prototype stage"
+        made = torch.nested.nested_tensor(parts, device="neuron")  # its buffer is a dense neuron tensor
+        for use in (lambda: made * 2, lambda: made.unbind(), lambda: torch.nested.nested_tensor(parts).to("neuron")):
+            with pytest.raises(NotImplementedError, match=r"would make a nested \(torch.strided layout\) tensor"):
+                use()
+        jagged = torch.nested.nested_tensor(parts, layout=torch.jagged, device="neuron")
+        want = torch.nested.nested_tensor(parts, layout=torch.jagged)
+        assert torch.equal((jagged * 2).to_padded_tensor(-1.0).cpu(), (want * 2).to_padded_tensor(-1.0))

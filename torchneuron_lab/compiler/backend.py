@@ -409,7 +409,32 @@ class _Retarget:
             node.kwargs = tree_map(dev, node.kwargs)
             if "val" in node.meta:
                 node.meta["val"] = self.value(node.meta["val"])
+            if node.op == "get_attr":
+                self.constant(gm, str(node.target))
         gm.recompile()
+
+    def constant(self, gm: torch.fx.GraphModule, target: str) -> None:
+        """A real tensor the graph reads (``torch.tensor([1., 2.], device=x.device)`` in the user's code,
+        lifted by Dynamo) becomes a CPU copy: Inductor's code generation sees only CPU tensors, and the
+        queued graph's code moves its CPU constants back to the device once (``_queued_callables``)."""
+        owner, _, name = target.rpartition(".")
+        mod = gm.get_submodule(owner) if owner else gm
+        v = getattr(mod, name, None)
+        if not isinstance(v, torch.Tensor) or v.device.type != DEVICE_TYPE:
+            return
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        self.devices.add(int(v.device.index or 0))
+        with unset_fake_temporarily():  # a real constant, copied outside the compile's fake mode
+            cpu = v.detach().to("cpu")
+            if isinstance(v, torch.nn.Parameter):
+                cpu = torch.nn.Parameter(cpu, requires_grad=v.requires_grad)
+        if name in getattr(mod, "_buffers", {}):
+            mod._buffers[name] = cpu
+        elif name in getattr(mod, "_parameters", {}):
+            mod._parameters[name] = cpu
+        else:
+            setattr(mod, name, cpu)
 
 
 def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:

@@ -524,7 +524,8 @@ std::string layout_label(const at::Tensor& t) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors must be dense and strided (torch.strided, not quantized): ",
                               op, " would make a ", what, " tensor on the emulated neuron device, which ",
                               "has no kernels for it. Keep it on the CPU, or convert it first (.to_dense() for ",
-                              "sparse layouts, .dequantize() for quantized tensors), then move it to neuron.");
+                              "sparse layouts, .dequantize() for quantized tensors, .to_padded_tensor() or ",
+                              ".unbind() for nested tensors), then move it to neuron.");
 }
 
 [[noreturn]] void unsupported_layout(const at::Tensor& t, const std::string& op) {
@@ -2466,13 +2467,14 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
 }
 
-// Sparse, sparse-compressed and quantized tensors on neuron: any op that would make or use one raises
+// Sparse, sparse-compressed, quantized and nested tensors on neuron: any op that would make or use one raises
 // the same NotImplementedError naming the limitation (torch.sparse_coo_tensor(..., device="neuron"),
 // torch.empty(..., layout=torch.sparse_csr, device="neuron"), quantized.to("neuron") ...).
 void unsupported_layout_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack*) {
   const char* what = ks.has(c10::DispatchKey::QuantizedPrivateUse1) ? "quantized"
                      : ks.has(c10::DispatchKey::SparseCsrPrivateUse1) ? "sparse compressed (CSR/CSC/BSR/BSC)"
-                                                                       : "sparse";
+                     : ks.has(c10::DispatchKey::NestedTensorPrivateUse1) ? "nested (torch.strided layout)"
+                                                                        : "sparse";
   const auto& s = op.schema();
   unsupported_layout_named(what, s.overload_name().empty() ? s.name() : s.name() + "." + s.overload_name());
 }
@@ -2483,6 +2485,12 @@ TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
 }
 TORCH_LIBRARY_IMPL(_, QuantizedPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
+}
+// Nested tensors of the strided layout (torch.nested.nested_tensor): their ops are kernels registered per
+// backend (NestedTensorCPU/CUDA), none for neuron; jagged ones (layout=torch.jagged) are a Python subclass
+// over dense tensors and run on neuron.
+TORCH_LIBRARY_IMPL(_, NestedTensorPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
 }
 
