@@ -192,7 +192,8 @@ emit(facts)
 UNSUPPORTED = (
     "neuron tensors must be dense and strided (torch.strided, not quantized): {op} would make a {what} tensor on "
     "the emulated neuron device, which has no kernels for it. Keep it on the CPU, or convert it first (.to_dense() "
-    "for sparse layouts, .dequantize() for quantized tensors), then move it to neuron."
+    "for sparse layouts, .dequantize() for quantized tensors, .to_padded_tensor() or .unbind() for nested "
+    "tensors), then move it to neuron."
 )
 COMPRESSED = "sparse compressed (CSR/CSC/BSR/BSC)"
 

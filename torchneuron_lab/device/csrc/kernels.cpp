@@ -520,14 +520,6 @@ std::string layout_label(const at::Tensor& t) {
   return s.rfind("torch.", 0) == 0 ? s.substr(6) : s;
 }
 
-[[noreturn]] void unsupported_layout_named(const std::string& what, const std::string& op) {
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors must be dense and strided (torch.strided, not quantized): ",
-                              op, " would make a ", what, " tensor on the emulated neuron device, which ",
-                              "has no kernels for it. Keep it on the CPU, or convert it first (.to_dense() for ",
-                              "sparse layouts, .dequantize() for quantized tensors, .to_padded_tensor() or ",
-                              ".unbind() for nested tensors), then move it to neuron.");
-}
-
 [[noreturn]] void unsupported_layout(const at::Tensor& t, const std::string& op) {
   unsupported_layout_named(layout_label(t), op);
 }

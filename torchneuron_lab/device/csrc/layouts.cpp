@@ -28,19 +28,24 @@
 #include <string>
 
 namespace tnl {
+
+void unsupported_layout_named(const std::string& what, const std::string& op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors must be dense and strided (torch.strided, not quantized): ",
+                              op, " would make a ", what, " tensor on the emulated neuron device, which ",
+                              "has no kernels for it. Keep it on the CPU, or convert it first (.to_dense() for ",
+                              "sparse layouts, .dequantize() for quantized tensors, .to_padded_tensor() or ",
+                              ".unbind() for nested tensors), then move it to neuron.");
+}
+
 namespace {
 
 constexpr const char* kWhatSparse = "sparse";
 constexpr const char* kWhatCompressed = "sparse compressed (CSR/CSC/BSR/BSC)";
 
-// The text kernels.cpp's fallback raises (unsupported_layout_named); tests assert both paths word for word.
+// The error kernels.cpp's fallback raises, named after the op.
 [[noreturn]] void layout_error(const char* what, const c10::OperatorHandle& op) {
   const auto& s = op.schema();
-  const std::string name = s.overload_name().empty() ? s.name() : s.name() + "." + s.overload_name();
-  TORCH_CHECK_NOT_IMPLEMENTED(false, "neuron tensors must be dense and strided (torch.strided, not quantized): ",
-                              name, " would make a ", what, " tensor on the emulated neuron device, which ",
-                              "has no kernels for it. Keep it on the CPU, or convert it first (.to_dense() for ",
-                              "sparse layouts, .dequantize() for quantized tensors), then move it to neuron.");
+  unsupported_layout_named(what, s.overload_name().empty() ? s.name() : s.name() + "." + s.overload_name());
 }
 
 void compressed_error(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {

@@ -292,6 +292,10 @@ void stream_wait_event(int device, int stream, const NeuronEvent* ev);  // enque
 void enqueue_stream_wait(int device, int stream, int other_device, int other_stream, uint64_t pos);
 bool event_done(const NeuronEvent* ev);
 
+// ---- layouts.cpp ----
+// The NotImplementedError for a sparse, quantized or nested tensor an op would make on neuron (`what`: its kind).
+[[noreturn]] void unsupported_layout_named(const std::string& what, const std::string& op);
+
 // ---- profiler.cpp ----
 void install_profiler_stubs();
 

@@ -1004,11 +1004,11 @@ void enqueue_stream_wait(int device, int stream, int other_device, int other_str
   w.launch = Launch{};
   w.launch.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
   w.launch.host_start_ns = now_ns();
-  w.run = [other, pos, device](const Launch&) {
-    // A device-side wait: this stream's worker blocks until the other stream passes `pos`. It gives up
-    // when this device's queued work is dropped (Ctrl-C in a host wait: the host then waits for the running
-    // work, which must not be this wait on another device's long queue) and after the sync timeout.
-    const uint64_t epoch = cancel_epoch(device);
+  // A device-side wait: this stream's worker blocks until the other stream passes `pos`. It gives up when
+  // this device's queued work is dropped after its launch (Ctrl-C in a host wait: the host then waits for the
+  // running work, which must not be this wait on another device's long queue) and after the sync timeout.
+  const uint64_t epoch = cancel_epoch(device);
+  w.run = [other, pos, device, epoch](const Launch&) {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(sync_timeout_s()));
