@@ -232,13 +232,14 @@ def main() -> int:
             "wall_s": time.perf_counter() - t_model,
         }
         r = results[name]
+        faults = "/".join(f"{r['faults_per_step'][v]:.0f}" for v in VARIANTS)
         print(
             f"{name:<24} min ms: cpu eager {mins['cpu.eager'] / 1e6:8.2f}"
             f"  neuron eager {mins['neuron.eager'] / 1e6:8.2f}"
             f"  inductor-cpu {mins['cpu.compiled'] / 1e6:8.2f}"
             f"  neuron compiled {mins['neuron.compiled'] / 1e6:8.2f}"
             f"  ({n} steps x {rounds}, {r['wall_s']:.0f} s)"
-            f"  page faults/step {'/'.join(f'{r['faults_per_step'][v]:.0f}' for v in VARIANTS)}",
+            f"  page faults/step {faults}",
             flush=True,
         )
     _print(results)

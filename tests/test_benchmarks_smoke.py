@@ -150,3 +150,31 @@ def test_benchmark_quick_run(script: str, tmp_path: Path) -> None:
             faults = doc["cases"][key]["faults_per_iter"]
             assert set(faults) == {"cpu.eager", "cpu.compiled", "neuron.eager", "neuron.compiled"}, faults
             assert all(v >= 0 for v in faults.values()), faults
+
+
+def test_every_benchmark_script_compiles() -> None:
+    # the scripts not run above (bench_zoo, bench_timeline) would otherwise meet a syntax error only when run
+    import py_compile
+
+    scripts = sorted(BENCH.glob("*.py"))
+    assert {p.name for p in scripts} >= set(EXPECTED) | {"bench_zoo.py", "_common.py"}
+    for p in scripts:
+        py_compile.compile(str(p), doraise=True)
+
+
+def test_zoo_benchmark_quick_run_on_one_model(tmp_path: Path) -> None:
+    out_json = tmp_path / "zoo.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_zoo.py"), "--quick", "--models", "cnn_bn_dropout_maxpool",
+         "--breakdown", "--json", str(out_json)],
+        check=False, cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^cnn_bn_dropout_maxpool +min ms: .* page faults/step \d+/\d+/\d+/\d+$", proc.stdout,
+                     re.MULTILINE), proc.stdout
+    assert re.search(r"^RATIO zoo\.cnn_bn_dropout_maxpool\.speedup neuron/inductor-cpu = \d+\.\d{3}x", proc.stdout,
+                     re.MULTILINE), proc.stdout
+    doc = json.loads(out_json.read_text())
+    model = doc["models"]["cnn_bn_dropout_maxpool"]
+    assert set(model["faults_per_step"]) == {"cpu.eager", "neuron.eager", "cpu.compiled", "neuron.compiled"}
+    assert model["parity"]["pass"] is True
