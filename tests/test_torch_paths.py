@@ -5,6 +5,8 @@ review, ninth session)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -49,7 +51,7 @@ def test_a_neuron_generator_with_cpu_tensors_raises_cpus_error() -> None:
 
 
 @pytest.mark.parametrize("factory", [torch.empty, torch.zeros, torch.ones])
-def test_pinned_memory_is_refused_for_device_tensors_as_cuda(factory) -> None:  # noqa: ANN001
+def test_pinned_memory_is_refused_for_device_tensors_as_cuda(factory: Any) -> None:
     with pytest.raises(RuntimeError, match="Only dense CPU tensors can be pinned"):
         factory(3, device="neuron", pin_memory=True)
     assert factory(3, device="neuron", pin_memory=False).device.type == "neuron"

@@ -13,8 +13,9 @@
 // Native kernels cover allocation, views, copies (DMA), item() (sync), resize_ and set_.
 #include "neuron.h"
 
-#include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+
+#include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
@@ -1777,8 +1778,9 @@ void record_dma(const char* name, Direction dir, int device, int64_t t0, int64_t
 
 
 // Copies follow PyTorch's CUDA copy: device-to-device copies are launched on the destination's current
-// stream (between devices with a barrier each way on the source's current stream, as CUDA's); a host<->device copy with non_blocking=False waits for the stream (the copy runs after the work
-// launched before it, and the host gets the data); with non_blocking=True it is launched too (a pageable
+// stream (between devices with a barrier each way on the source's current stream, as CUDA's); a host<->device
+// copy with non_blocking=False waits for the stream (the copy runs after the work launched before it, and the
+// host gets the data); with non_blocking=True it is launched too (a pageable
 // host source is staged, copied at the launch, as cudaMemcpyAsync does; a pinned one is read by the DMA).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   check_not_in_bad_fork();
