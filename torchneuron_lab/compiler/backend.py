@@ -407,11 +407,21 @@ class _Retarget:
         for node in gm.graph.nodes:
             node.args = tree_map(dev, node.args)
             node.kwargs = tree_map(dev, node.kwargs)
-            if "val" in node.meta:
-                node.meta["val"] = self.value(node.meta["val"])
+            for key in ("val", "eager_input_vals"):  # the latter: a higher-order op's operands as traced
+                if key in node.meta:
+                    node.meta[key] = self.value(node.meta[key])
             if node.op == "get_attr":
-                self.constant(gm, str(node.target))
+                sub = self._attr(gm, str(node.target))
+                if isinstance(sub, torch.fx.GraphModule):  # a cond/while_loop branch, an invoke_subgraph body
+                    self.graph(sub)
+                else:
+                    self.constant(gm, str(node.target))
         gm.recompile()
+
+    @staticmethod
+    def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
+        owner, _, name = target.rpartition(".")
+        return getattr(gm.get_submodule(owner) if owner else gm, name, None)
 
     def constant(self, gm: torch.fx.GraphModule, target: str) -> None:
         """A real tensor the graph reads (``torch.tensor([1., 2.], device=x.device)`` in the user's code,
@@ -827,9 +837,21 @@ class _NeuronCode:
         return out
 
 
-def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> Callable[..., Any]:
+def _inductor_config(mode: str | None, options: dict[str, Any] | None) -> dict[str, Any]:
+    """``torch.compile(..., mode=, options=)`` as Inductor's own wrapper reads them: the mode's options, then
+    the user's, validated with Inductor's errors (an unknown option or mode raises, as for
+    ``backend="inductor"``)."""
+    if not mode and not options:
+        return {}
+    return dict(torch._TorchCompileInductorWrapper(mode, options, None).config)
+
+
+def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, mode: str | None = None,
+                   options: dict[str, Any] | None = None, **kwargs: Any) -> Callable[..., Any]:
     """The Dynamo backend registered as ``"neuron"``: Inductor's whole ``compile_fx`` pipeline, with an
-    inner compiler that lowers each ATen graph for the CPU and runs it on device memory."""
+    inner compiler that lowers each ATen graph for the CPU and runs it on device memory. ``mode`` and
+    ``options`` (``torch.compile``'s) patch Inductor's config as they do for ``backend="inductor"``."""
+    config_patches = _inductor_config(mode, options)
     register_backend()
     import torch._functorch.config as functorch_config
     from torch._inductor.compile_fx import compile_fx
@@ -859,7 +881,8 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], **kw
     # compile (Inductor's FX graph cache, below the inner compiler, stays on).
     with functorch_config.patch(enable_autograd_cache=False):
         compiled = compile_fx(gm, example_inputs, inner_compile=functools.partial(_inner_compile, ctx=ctx),
-                              decompositions=cuda_parity.decompositions(select_decomp_table()))
+                              decompositions=cuda_parity.decompositions(select_decomp_table()),
+                              config_patches=config_patches or None)
     total_ms = (time.perf_counter() - t_entry) * 1e3
     for rec in ctx.get("records", []):
         if rec.kind in ("forward", "inference"):
