@@ -131,7 +131,7 @@ for line in sys.stdin:
 
 
 def setup(args: argparse.Namespace) -> None:
-    if getattr(args, "malloc", "default") == "retain":
+    if args.malloc == "retain":
         retain_freed_memory()
     torch.set_num_threads(args.threads)
     import torchneuron_lab  # noqa: F401  (registers the neuron device; builds the C++ core on first use)

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 import torchneuron_lab  # noqa: F401  (registers the device)
+from tests._neuron_child import run_child
 from torchneuron_lab.device._backend import lib
 
 C = lib()
@@ -666,19 +667,25 @@ def test_a_sync_on_a_kernel_about_to_finish_polls_instead_of_sleeping() -> None:
 # from torch.cuda before; the ones that crashed or wrote freed memory run in a subprocess)
 
 
-def _child(tmp_path: Path, body: str, timeout: float = 120) -> list[str]:
-    script = tmp_path / "child.py"
-    script.write_text("import os, signal, sys, time, torch, torchneuron_lab\n" + textwrap.dedent(body))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False,
-                          timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout.splitlines()
+_CHILD_PRELUDE = """
+import json, os, signal, sys, time, torch, torchneuron_lab
+_lines = []
+def say(*parts):
+    _lines.append(" ".join(str(p) for p in parts))
+def emit():
+    print(json.dumps(_lines), flush=True)
+"""
 
 
-def test_record_stream_with_another_devices_stream_defers_reuse_on_the_tensors_device(tmp_path: Path) -> None:
+def _child(body: str) -> list[str]:
+    """The lines a child (``run_child``: a crash or a hang fails the test) reported with ``say``."""
+    return run_child(_CHILD_PRELUDE + textwrap.dedent(body) + "\nemit()\n")
+
+
+def test_record_stream_with_another_devices_stream_defers_reuse_on_the_tensors_device() -> None:
     # the free looked the stream up on the tensor's device: abort in the deleter (no such stream there), or,
     # with a stream of that id idle there, the block reused under the other device's queued work
-    out = _child(tmp_path, """
+    out = _child("""
         size = (5 << 20) + 7 * 4096
         s1 = torch.neuron.Stream(device="neuron:1")
         x = torch.empty(size, dtype=torch.uint8, device="neuron:0")
@@ -689,16 +696,16 @@ def test_record_stream_with_another_devices_stream_defers_reuse_on_the_tensors_d
         before = torch.neuron.memory_stats(0)
         del x
         after = torch.neuron.memory_stats(0)
-        print("allocated dropped", before["allocated_bytes.all.current"] - after["allocated_bytes.all.current"])
-        print("active kept", before["active_bytes.all.current"] == after["active_bytes.all.current"])
+        say("allocated dropped", before["allocated_bytes.all.current"] - after["allocated_bytes.all.current"])
+        say("active kept", before["active_bytes.all.current"] == after["active_bytes.all.current"])
         states = [b["state"] for seg in torch.neuron.memory_snapshot() if seg["device"] == 0
                   for b in seg["blocks"] if b["address"] == ptr]
-        print("snapshot", states)
+        say("snapshot", states)
         y = torch.empty(size, dtype=torch.uint8, device="neuron:0")
-        print("reused while neuron:1 busy", y.data_ptr() == ptr)
+        say("reused while neuron:1 busy", y.data_ptr() == ptr)
         s1.synchronize()
         z = torch.empty(size, dtype=torch.uint8, device="neuron:0")
-        print("reused after", z.data_ptr() == ptr)
+        say("reused after", z.data_ptr() == ptr)
     """)
     size = (5 << 20) + 7 * 4096
     assert out == [f"allocated dropped {size}", "active kept True", "snapshot ['active_pending_free']",
@@ -754,10 +761,10 @@ def test_a_copy_between_devices_is_ordered_on_both_devices_without_blocking_the_
         assert b.cpu().unique().tolist() == [1.0], overwrite
 
 
-def test_re_recording_an_event_replaces_its_time_and_a_destroyed_events_markers_write_nothing(tmp_path: Path) -> None:
+def test_re_recording_an_event_replaces_its_time_and_a_destroyed_events_markers_write_nothing() -> None:
     # the marker of an earlier record, still queued on another stream, overwrote the event's time when it ran
     # (and, the event destroyed, wrote into freed memory a new event had taken)
-    out = _child(tmp_path, """
+    out = _child("""
         A, B = torch.neuron.Stream(), torch.neuron.Stream()
         start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
         with torch.neuron.stream(A):
@@ -770,7 +777,7 @@ def test_re_recording_an_event_replaces_its_time_and_a_destroyed_events_markers_
         end.synchronize()
         first = start.elapsed_time(end)
         A.synchronize()  # the first record's marker has run
-        print("same", start.elapsed_time(end) == first, 90 < first < 400)
+        say("same", start.elapsed_time(end) == first, 90 < first < 400)
         e = torch.neuron.Event(enable_timing=True)
         with torch.neuron.stream(A):
             torch.neuron._sleep(600)
@@ -779,12 +786,12 @@ def test_re_recording_an_event_replaces_its_time_and_a_destroyed_events_markers_
         e.synchronize()
         t0 = time.perf_counter()
         del e  # destroyed with a marker still queued on A
-        print("del fast", time.perf_counter() - t0 < 0.1)
+        say("del fast", time.perf_counter() - t0 < 0.1)
         e2, e3 = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
         e2.record(B); e3.record(B); e3.synchronize()
         before = e2.elapsed_time(e3)
         A.synchronize()
-        print("untouched", e2.elapsed_time(e3) == before, 0 <= before < 50)
+        say("untouched", e2.elapsed_time(e3) == before, 0 <= before < 50)
     """)
     assert out == ["same True True", "del fast True", "untouched True True"]
 
@@ -809,8 +816,8 @@ def test_wait_stream_and_event_destruction_return_without_waiting_for_the_stream
     assert y.cpu().unique().tolist() == [6.0]
 
 
-def test_elapsed_time_of_an_object_that_is_not_a_live_event_raises(tmp_path: Path) -> None:
-    out = _child(tmp_path, """
+def test_elapsed_time_of_an_object_that_is_not_a_live_event_raises() -> None:
+    out = _child("""
         class NotAnEvent:
             event_id = 12345
         e = torch.neuron.Event(enable_timing=True)
@@ -819,15 +826,15 @@ def test_elapsed_time_of_an_object_that_is_not_a_live_event_raises(tmp_path: Pat
             try:
                 e.elapsed_time(other)
             except TypeError as err:
-                print("TypeError", "neuron Event" in str(err))
+                say("TypeError", "neuron Event" in str(err))
     """)
     assert out == ["TypeError True"]
 
 
-def test_ctrl_c_while_a_stream_waits_for_another_devices_event(tmp_path: Path) -> None:
+def test_ctrl_c_while_a_stream_waits_for_another_devices_event() -> None:
     # the host's wait dropped neuron:0's queue, then waited (without Ctrl-C) for neuron:0's running work:
     # a device-side wait for neuron:1's 8 s queue
-    out = _child(tmp_path, """
+    out = _child("""
         import threading
         N = torch.neuron
         x = torch.ones(4, device="neuron:0")
@@ -843,11 +850,11 @@ def test_ctrl_c_while_a_stream_waits_for_another_devices_event(tmp_path: Path) -
         t0 = time.perf_counter()
         try:
             y.cpu()
-            print("NOT INTERRUPTED")
+            say("NOT INTERRUPTED")
         except KeyboardInterrupt:
-            print("interrupted", time.perf_counter() - t0 < 2.0)
-        print("usable", (torch.ones(2, device="neuron:0") * 2).tolist())
-        N._lib = None
+            say("interrupted", time.perf_counter() - t0 < 2.0)
+        say("usable", (torch.ones(2, device="neuron:0") * 2).tolist())
+        emit()
         os._exit(0)  # neuron:1 still has seconds of sleeps queued
     """)
     assert out == ["interrupted True", "usable [2.0, 2.0]"]

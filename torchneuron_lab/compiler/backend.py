@@ -419,16 +419,19 @@ class _Retarget:
         gm.recompile()
 
     @staticmethod
-    def _attr(gm: torch.fx.GraphModule, target: str) -> Any:
+    def _owner(gm: torch.fx.GraphModule, target: str) -> tuple[torch.nn.Module, str]:
         owner, _, name = target.rpartition(".")
-        return getattr(gm.get_submodule(owner) if owner else gm, name, None)
+        return (gm.get_submodule(owner) if owner else gm), name
+
+    def _attr(self, gm: torch.fx.GraphModule, target: str) -> Any:
+        mod, name = self._owner(gm, target)
+        return getattr(mod, name, None)
 
     def constant(self, gm: torch.fx.GraphModule, target: str) -> None:
         """A real tensor the graph reads (``torch.tensor([1., 2.], device=x.device)`` in the user's code,
         lifted by Dynamo) becomes a CPU copy: Inductor's code generation sees only CPU tensors, and the
         queued graph's code moves its CPU constants back to the device once (``_queued_callables``)."""
-        owner, _, name = target.rpartition(".")
-        mod = gm.get_submodule(owner) if owner else gm
+        mod, name = self._owner(gm, target)
         v = getattr(mod, name, None)
         if not isinstance(v, torch.Tensor) or v.device.type != DEVICE_TYPE:
             return
