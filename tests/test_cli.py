@@ -94,6 +94,26 @@ def test_profile_script_exit_code(tmp_path: Path) -> None:
     assert cli("profile", "exit0.py", cwd=tmp_path).returncode == 0
 
 
+def test_profile_script_with_a_syntax_error_prints_the_error_only(tmp_path: Path) -> None:
+    (tmp_path / "syn.py").write_text("x = (\n")
+    r = cli("profile", "syn.py", cwd=tmp_path)
+    assert r.returncode == 1
+    assert "SyntaxError" in r.stderr and "syn.py" in r.stderr
+    assert "Traceback" not in r.stderr and "torchneuron_lab" not in r.stderr and "runpy" not in r.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("profile",), "error: the following arguments are required: script\n"),
+    (("profile", "missing.py"), "error: no such script: missing.py"),
+    (("profile", "."), "error: . is a directory, not a Python script"),
+])
+def test_profile_script_argument_errors_say_what_is_wrong_with_usage(
+        tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    r = cli(*args, cwd=tmp_path)
+    assert r.returncode == 2
+    assert r.stderr.startswith("usage: torchneuron-lab profile") and message in r.stderr
+
+
 @pytest.mark.parametrize("args", [(), ("bogus",), ("profile",), ("profile", "x.py", "--bogus"),
                                   ("profile", "missing.py"), ("demo", "--steps", "x"), ("demo", "--steps", "-3"),
                                   ("demo", "--steps", "0")])

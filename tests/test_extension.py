@@ -277,6 +277,49 @@ def test_profile_export_and_error_keep_state_consistent(ip: Any, tmp_path: Path)
         ip.run_cell_magic("neuron_profile", f"-q --export {tmp_path / 'no' / 'dir.json'}", "pass")
 
 
+def test_profiles_do_not_nest_and_a_recording_in_progress_is_not_wiped(ip: Any) -> None:
+    # the inner profile cleared and stopped the recorder: the outer cell reported 0 kernels
+    run(ip, "qn = torch.ones(64, 64, device='neuron')")
+    with capture_output() as cap:
+        r = ip.run_cell("%%neuron_profile -q\nqn1 = qn @ qn\n"
+                        "get_ipython().run_cell_magic('neuron_profile', '-q', 'qn2 = qn + 1')\nqn3 = qn * 2\n",
+                        store_history=True)
+    assert isinstance(r.error_in_exec, UsageError) and "profiles do not nest" in str(r.error_in_exec)
+    assert "profiles do not nest" in cap.stdout + cap.stderr
+    outer = ip.user_ns["_neuron_profile"]
+    assert [e.name for e in outer.events if e.kind == "kernel"] == ["aten::mm"]  # ran until the inner call
+    assert not recorder.is_recording()
+    recorder.start()
+    try:
+        with pytest.raises(UsageError, match="already recording"):
+            ip.run_cell_magic("neuron_profile", "-q", "qn4 = qn + 1")
+        assert recorder.is_recording()  # the user's recording goes on
+    finally:
+        recorder.stop()
+        recorder.clear()
+    again = ip.run_cell_magic("neuron_profile", "-q -o", "qn5 = qn + 1")
+    assert again.count("kernel") == 1
+
+
+def test_a_syntax_error_fails_the_profiled_cell(ip: Any) -> None:
+    # as IPython's %%time: the cell fails (error_in_exec), so "Run all" stops there
+    for body in ("x = (\n", "x = 1 +\ny = 2\n"):
+        with capture_output() as cap:
+            r = ip.run_cell("%%neuron_profile -q\n" + body, store_history=True)
+        assert isinstance(r.error_in_exec, SyntaxError) and r.success is False
+        assert "SyntaxError" in cap.stdout + cap.stderr
+        assert "compilerop" not in cap.stdout + cap.stderr
+
+
+def test_graph_breaks_shows_only_the_users_frames_when_the_statement_raises(ip: Any) -> None:
+    with capture_output() as cap:
+        r = ip.run_cell("%neuron_graph_breaks undefined_name_xyz(3)", store_history=True)
+    assert isinstance(r.error_in_exec, NameError)
+    out = cap.stdout + cap.stderr
+    assert "undefined_name_xyz" in out
+    assert "torchneuron_lab/" not in out and "eval_frame.py" not in out
+
+
 def test_mimebundles_have_html_and_plain_text(ip: Any) -> None:
     res = ip.run_cell_magic("neuron_profile", "-q -o", "qh = qa - qb")
     for obj in (res, magic(ip, "neuron_placement -q -o qa"), magic(ip, "neuron_memory -q -o"),

@@ -256,6 +256,9 @@ class FakeLib:
     def empty_cache(self) -> None:
         self.calls.append(("empty_cache",))
 
+    def in_bad_fork(self) -> bool:  # read, not recorded: a forked child's stats are empty (as torch.cuda's)
+        return False
+
     def mem_get_info(self, d: int) -> tuple[int, int]:
         self.calls.append(("mem_get_info", d))
         return (10 * MiB * (d + 1), 96 * 1024 * MiB)
@@ -344,6 +347,10 @@ def test_resets_empty_cache_and_mem_get_info_forward_the_index(fake: FakeLib) ->
 
 # --------------------------------------------------------------------------- device validation
 
+def memory_snapshot_of(device: Any) -> Any:
+    return memory.memory_snapshot(device=device)
+
+
 DEVICE_FUNCTIONS = [
     memory.memory_stats,
     memory.memory_stats_as_nested_dict,
@@ -355,8 +362,9 @@ DEVICE_FUNCTIONS = [
     memory.reset_accumulated_memory_stats,
     memory.mem_get_info,
     memory.memory_summary,
-    memory.memory_snapshot,
+    memory_snapshot_of,
     memory._snapshot,
+    memory.get_per_process_memory_fraction,
 ]
 
 
@@ -368,7 +376,6 @@ DEVICE_FUNCTIONS = [
         (2, r"'neuron:2'.*out of range.*0\.\.1"),
         (-1, r"'neuron:-1'.*out of range"),
         ("cuda:0", r"'cuda:0'.*device type 'cuda'"),
-        ("neuron:x", r"'neuron:x'.*non-negative integer"),
         (torch.device("cpu"), r"device\(type='cpu'\).*device type 'cpu'"),
     ],
 )
@@ -380,10 +387,33 @@ def test_bad_devices_raise_value_error_naming_value_and_range(
     assert not [c for c in fake.calls if c[0] not in ("device_count", "current_device")]
 
 
-@pytest.mark.parametrize("device", [1.0, True, [0]])
-def test_non_devices_raise_type_error(fake: FakeLib, device: Any) -> None:
-    with pytest.raises(TypeError, match=re.escape(repr(device))):
+@pytest.mark.parametrize("device", [1.0, [0], object()])
+def test_non_devices_raise_value_error_as_cuda(fake: FakeLib, device: Any) -> None:
+    # torch.cuda's _get_device_index raises ValueError for an object that is not a device or an index
+    with pytest.raises(ValueError, match=re.escape(repr(device))):
         memory.memory_allocated(device)
+
+
+def test_a_bool_is_not_a_device_index(fake: FakeLib) -> None:
+    with pytest.raises(TypeError, match="bool True"):
+        memory.memory_allocated(True)
+
+
+@pytest.mark.parametrize("text", ["neuron:x", "neuron:01", " neuron:1", "neuron:1 ", "neuron:-1"])
+def test_device_strings_are_parsed_by_torch_device(fake: FakeLib, text: str) -> None:
+    # as torch.cuda's functions: the string goes through torch.device, which rejects these
+    with pytest.raises(RuntimeError, match="Invalid device string"):
+        memory.memory_allocated(text)
+    with pytest.raises(RuntimeError, match="Invalid device string"):
+        torch.device(text)
+
+
+def test_a_neuron_device_context_object_is_a_device(fake: FakeLib) -> None:
+    # torch.cuda's functions accept a torch.cuda.device (its .idx)
+    from torchneuron_lab.device.neuron_module import device as neuron_device
+
+    assert memory._device_index(neuron_device(1)) == 1
+    assert memory._device_index(neuron_device(None)) == fake.current
 
 
 def test_no_devices_says_so(fake: FakeLib) -> None:
@@ -480,7 +510,12 @@ def test_record_memory_history_signature_matches_torch_cuda() -> None:
         ({"enabled": "state", "max_entries": 1000}, (True, True, 1)),
         ({"enabled": "all", "context": None}, (True, False, sys.maxsize)),
         ({"enabled": None}, (False, True, 1)),
-        ({"enabled": True, "max_entries": 5}, (True, True, 5)),
+        # a bool takes torch.cuda's older arguments: state only unless trace_alloc_max_entries > 1
+        ({"enabled": True}, (True, True, 1)),
+        ({"enabled": True, "trace_alloc_max_entries": 5}, (True, True, 5)),
+        ({"enabled": True, "record_context": False}, (True, False, 1)),
+        ({"enabled": True, "record_context": False, "trace_alloc_max_entries": 9,
+          "trace_alloc_record_context": True}, (True, True, 9)),
         ({"enabled": False}, (False, True, 1)),
     ],
 )
@@ -515,9 +550,23 @@ def test_snapshot_and_memory_snapshot(fake: FakeLib) -> None:
     assert memory._snapshot() == fake.snap
     assert memory._snapshot("neuron:1") == fake.snap
     assert memory.memory_snapshot() == fake.snap["segments"]
-    on_1 = memory.memory_snapshot(1)
+    on_1 = memory.memory_snapshot(device=1)
     assert on_1 and all(seg["device"] == 1 for seg in on_1)
-    assert len(on_1) + len(memory.memory_snapshot(0)) == len(fake.snap["segments"])
+    assert len(on_1) + len(memory.memory_snapshot(device=0)) == len(fake.snap["segments"])
+    # torch.cuda's signature: memory_snapshot(mempool_id=None, include_traces=True)
+    assert list(inspect.signature(memory.memory_snapshot).parameters)[:2] == list(
+        inspect.signature(torch.cuda.memory_snapshot).parameters)
+    assert memory.memory_snapshot(1) == on_1  # a device in the first place: this API's older form
+    with pytest.raises(TypeError, match="a memory pool id"):
+        memory.memory_snapshot([0, 1])
+    with pytest.raises(NotImplementedError, match="no private memory pools"):
+        memory.memory_snapshot((0, 1))
+    bare = memory.memory_snapshot(include_traces=False)
+    assert len(bare) == len(fake.snap["segments"])
+    assert all(seg["frames"] == [] and all(b["frames"] == [] for b in seg["blocks"]) for seg in bare)
+    assert any(b["frames"] for seg in fake.snap["segments"] for b in seg["blocks"])  # the fake had stacks
+    assert [{k: v for k, v in seg.items() if k not in ("frames", "blocks")} for seg in bare] == [
+        {k: v for k, v in seg.items() if k not in ("frames", "blocks")} for seg in fake.snap["segments"]]
 
 
 # Opcodes the MemoryViz.js unpickler implements; anything else makes the viewer throw.

@@ -148,6 +148,9 @@ def _user_traceback(exc: BaseException, script: Path) -> str:
     target = str(script.resolve())
     while tb is not None and str(Path(tb.tb_frame.f_code.co_filename).resolve()) != target:
         tb = tb.tb_next
+    if tb is None and isinstance(exc, SyntaxError):
+        # raised compiling the script (no frame of it ran): the error alone, as ``python script.py`` prints it
+        return "".join(traceback.format_exception_only(type(exc), exc))
     return "".join(traceback.format_exception(type(exc), exc, tb if tb is not None else exc.__traceback__))
 
 
@@ -184,10 +187,7 @@ def _dropped_line(trace: object) -> str | None:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    script = Path(args.script)
-    if not script.is_file():
-        print(f"torchneuron-lab profile: error: no such script: {script}", file=sys.stderr)
-        return 2
+    script = Path(args.script)  # an existing file (checked by main)
     if args.top < 0:
         print(f"torchneuron-lab profile: error: --top must be >= 0, got {args.top}", file=sys.stderr)
         return 2
@@ -280,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Run a Python script on the emulated neuron device with the kernel recorder on (like "
                     "%%neuron_profile) and print the summary. Script arguments that start with '-' go after "
                     "'--': torchneuron-lab profile script.py -- --lr 0.1")
-    p_prof.add_argument("script", help="the Python script to run (as __main__, with sys.argv set)")
+    # optional here, required below: argparse would name the optional `args` as required too
+    p_prof.add_argument("script", nargs="?", help="the Python script to run (as __main__, with sys.argv set)")
     p_prof.add_argument("args", nargs="*", help="arguments passed to the script")
     p_prof.add_argument("-o", "--output", metavar="REPORT.html", help="write the timeline figure as offline HTML")
     p_prof.add_argument("--trace", metavar="TRACE.json", help="write the events as Chrome/Perfetto trace JSON")
@@ -288,6 +289,14 @@ def main(argv: list[str] | None = None) -> int:
     p_prof.add_argument("--record-shapes", action="store_true", help="record input shapes of each kernel")
     p_prof.set_defaults(fn=_profile)
     args, unknown = parser.parse_known_args(argv)
+    if args.command == "profile":
+        if args.script is None:
+            p_prof.error("the following arguments are required: script")
+        script = Path(args.script)
+        if script.is_dir():
+            p_prof.error(f"{args.script} is a directory, not a Python script")
+        if not script.is_file():
+            p_prof.error(f"no such script: {args.script}")
     if unknown:
         if args.command == "profile":
             extra = " ".join(unknown)

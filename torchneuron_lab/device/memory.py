@@ -12,6 +12,7 @@ The snapshot returned by :func:`_snapshot` has the documented layout of
 from __future__ import annotations
 
 import collections
+import inspect
 import pickle
 import sys
 import warnings
@@ -23,7 +24,19 @@ import torch
 from ._backend import lib as _lib
 
 __all__ = [
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
     "empty_cache",
+    "get_allocator_backend",
+    "get_per_process_memory_fraction",
+    "host_memory_stats",
+    "host_memory_stats_as_nested_dict",
+    "max_memory_cached",
+    "memory_cached",
+    "reset_accumulated_host_memory_stats",
+    "reset_max_memory_cached",
+    "reset_peak_host_memory_stats",
+    "set_per_process_memory_fraction",
     "max_memory_allocated",
     "max_memory_reserved",
     "mem_get_info",
@@ -118,21 +131,16 @@ class Snapshot(TypedDict, total=False):
 
 
 def _parse_device_string(text: str, original: object) -> int | None:
-    """Split ``'neuron'`` / ``'neuron:1'`` into an index (``None`` when absent)."""
-    dev_type, sep, index_text = text.strip().partition(":")
-    if dev_type != DEVICE_TYPE:
+    """``'neuron'`` / ``'neuron:1'`` to an index (``None`` when absent), parsed by ``torch.device`` as
+    ``torch.cuda``'s functions do: a string torch.device rejects (``'neuron:01'``, ``' neuron:1'``) raises
+    its ``RuntimeError: Invalid device string``."""
+    dev = torch.device(text)
+    if dev.type != DEVICE_TYPE:
         raise ValueError(
-            f"Expected a {DEVICE_TYPE} device, got {original!r} (device type {dev_type!r}); "
+            f"Expected a {DEVICE_TYPE} device, got {original!r} (device type {dev.type!r}); "
             f"use None, an int, '{DEVICE_TYPE}', '{DEVICE_TYPE}:<index>' or torch.device('{DEVICE_TYPE}', i)"
         )
-    if not sep:
-        return None
-    if not index_text.isdigit():
-        raise ValueError(
-            f"Invalid {DEVICE_TYPE} device {original!r}: the index must be a non-negative integer, "
-            f"as in '{DEVICE_TYPE}:0'"
-        )
-    return int(index_text)
+    return dev.index
 
 
 class InvalidDeviceIndexError(ValueError, RuntimeError):
@@ -142,13 +150,17 @@ class InvalidDeviceIndexError(ValueError, RuntimeError):
 def _device_index(device: Device = None) -> int:
     """Resolve ``device`` to a validated device index.
 
-    Accepts ``None`` (the current device), an ``int``, ``'neuron'``, ``'neuron:1'`` or a
-    ``torch.device`` of type ``neuron``. A device without an index means the current device.
+    Accepts ``None`` (the current device), an ``int``, ``'neuron'``, ``'neuron:1'``, a
+    ``torch.device`` of type ``neuron`` or a ``torch.neuron.device`` context object (as
+    ``torch.cuda``'s functions accept a ``torch.cuda.device``). A device without an index means the
+    current device.
 
     Raises:
-        ValueError: another device type, a malformed string, or an index out of range (the last as
-            ``InvalidDeviceIndexError``, also a ``RuntimeError`` like CUDA's invalid-device error).
-        TypeError: an object that is not a device at all.
+        ValueError: another device type, an index out of range (as ``InvalidDeviceIndexError``, also a
+            ``RuntimeError`` like CUDA's invalid-device error), or an object that is not a device
+            (CUDA's ``_get_device_index`` raises ``ValueError`` too).
+        TypeError: a bool.
+        RuntimeError: a string ``torch.device`` rejects (``Invalid device string``).
     """
     index: int | None
     if device is None:
@@ -163,8 +175,10 @@ def _device_index(device: Device = None) -> int:
         if device.type != DEVICE_TYPE:
             raise ValueError(f"Expected a {DEVICE_TYPE} device, got {device!r} (device type {device.type!r})")
         index = device.index
+    elif type(device).__name__ == "device" and type(device).__module__.startswith("torchneuron_lab"):
+        index = None if device.idx < 0 else device.idx  # torch.neuron.device(...): its index
     else:
-        raise TypeError(
+        raise ValueError(
             f"Expected a {DEVICE_TYPE} device (None, int, str or torch.device), "
             f"got {device!r} of type {type(device).__name__}"
         )
@@ -206,8 +220,11 @@ def memory_stats_as_nested_dict(device: Device = None) -> dict[str, Any]:
     """Return the caching allocator statistics of ``device`` as the nested dict built in C++.
 
     Layout: ``{"allocated_bytes": {"all": {"current", "peak", "allocated", "freed"}, "small_pool":
-    ..., "large_pool": ...}, ..., "num_ooms": int, ...}``; see :func:`memory_stats`.
+    ..., "large_pool": ...}, ..., "num_ooms": int, ...}``; see :func:`memory_stats`. Empty in a
+    process forked after the device was used (its allocator is the parent's), as ``torch.cuda``'s.
     """
+    if _lib().in_bad_fork():
+        return {}
     return dict(_lib().memory_stats(_device_index(device)))
 
 
@@ -237,7 +254,7 @@ def memory_stats(device: Device = None) -> dict[str, Any]:
 
 def _stat(device: Device, group: str, field: str) -> int:
     """One counter read straight from the nested stats (no flattening: these are called in loops)."""
-    nested = _lib().memory_stats(_device_index(device))
+    nested = memory_stats_as_nested_dict(device)
     return int(nested.get(group, {}).get("all", {}).get(field, 0))
 
 
@@ -289,9 +306,128 @@ def empty_cache() -> None:
     """Return every unoccupied cached segment, on all devices, to the device runtime.
 
     Memory held by live tensors is untouched; :func:`memory_reserved` drops, while
-    :func:`memory_allocated` does not change.
+    :func:`memory_allocated` does not change. Does nothing in a process forked after the device was
+    used, as ``torch.cuda``'s.
     """
+    if _lib().in_bad_fork():
+        return
     _lib().empty_cache()
+
+
+def memory_cached(device: Device = None) -> int:
+    """Deprecated; see :func:`memory_reserved` (as ``torch.cuda.memory_cached``)."""
+    warnings.warn(
+        "torch.neuron.memory_cached has been renamed to torch.neuron.memory_reserved", FutureWarning, stacklevel=2
+    )
+    return memory_reserved(device)
+
+
+def max_memory_cached(device: Device = None) -> int:
+    """Deprecated; see :func:`max_memory_reserved` (as ``torch.cuda.max_memory_cached``)."""
+    warnings.warn(
+        "torch.neuron.max_memory_cached has been renamed to torch.neuron.max_memory_reserved",
+        FutureWarning,
+        stacklevel=2,
+    )
+    return max_memory_reserved(device)
+
+
+def reset_max_memory_cached(device: Device = None) -> None:
+    """Reset the peak tracked by :func:`max_memory_cached`; like ``torch.cuda``, resets *all* peaks."""
+    warnings.warn(
+        "torch.neuron.reset_max_memory_cached now calls torch.neuron.reset_peak_memory_stats, "
+        "which resets /all/ peak memory stats.",
+        FutureWarning,
+        stacklevel=2,
+    )
+    reset_peak_memory_stats(device)
+
+
+def set_per_process_memory_fraction(fraction: float, device: Device = None) -> None:
+    """Limit the memory this process's caching allocator may reserve on ``device`` to ``fraction`` of
+    its capacity (as ``torch.cuda.set_per_process_memory_fraction``): an allocation that would reserve
+    more raises ``torch.OutOfMemoryError``. Memory already reserved is kept. Initialises the device.
+
+    Raises:
+        TypeError: ``fraction`` is not a float. ValueError: it is outside ``[0, 1]``.
+    """
+    index = _device_index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    _lib().set_memory_fraction(fraction, index)
+
+
+def get_per_process_memory_fraction(device: Device = None) -> float:
+    """The fraction set by :func:`set_per_process_memory_fraction` for ``device`` (1.0 by default)."""
+    index = _device_index(device)
+    return float(_lib().memory_fraction(index))
+
+
+def caching_allocator_alloc(size: int, device: Device = None, stream: Any = None) -> int:
+    """Allocate ``size`` bytes from the caching allocator and return the address (as
+    ``torch.cuda.caching_allocator_alloc``): the memory is ordered on ``stream`` (default: the current
+    stream of ``device``) and held until :func:`caching_allocator_delete`.
+
+    Raises:
+        TypeError: ``stream`` is not a ``torch.neuron.Stream``, ``torch.Stream`` of neuron, or an int.
+    """
+    index = _device_index(device)
+    if stream is None:
+        stream_id = int(_lib().current_stream(index))
+    elif isinstance(stream, torch.Stream):
+        if stream.device.type != DEVICE_TYPE:
+            raise TypeError(f"Invalid type for stream argument, must be a {DEVICE_TYPE} stream, got {stream!r}")
+        if stream.device_index != index:
+            raise ValueError(f"stream {stream!r} is on {DEVICE_TYPE}:{stream.device_index}, not {DEVICE_TYPE}:{index}")
+        stream_id = int(stream.stream_id)
+    elif isinstance(stream, int) and not isinstance(stream, bool):
+        stream_id = stream
+    else:
+        raise TypeError(
+            f"Invalid type for stream argument, must be `torch.neuron.Stream` or `int` representing a pointer "
+            f"to a existing stream, got {type(stream).__name__}"
+        )
+    return int(_lib().raw_alloc(size, index, stream_id))
+
+
+def caching_allocator_delete(mem_ptr: int) -> None:
+    """Free memory from :func:`caching_allocator_alloc` (as ``torch.cuda.caching_allocator_delete``);
+    stream-ordered like a tensor's free."""
+    _lib().raw_delete(mem_ptr)
+
+
+def get_allocator_backend() -> str:
+    """The allocator backend: ``"native"`` (the lab's caching allocator), as ``torch.cuda``'s default."""
+    return "native"
+
+
+def host_memory_stats_as_nested_dict() -> dict[str, Any]:
+    """Pinned host memory statistics (``tensor.pin_memory()``), nested, as
+    ``torch.cuda.host_memory_stats_as_nested_dict``. Pinned memory is not cached: it returns to the
+    system when freed, so ``allocations`` equal ``active_requests``."""
+    return dict(_lib().host_memory_stats())
+
+
+def host_memory_stats() -> dict[str, Any]:
+    """Pinned host memory statistics, flat and key-sorted, as ``torch.cuda.host_memory_stats``:
+    ``"{active_requests,active_bytes,allocations,allocated_bytes}.{current,peak,allocated,freed}"``,
+    ``"{host_alloc_time,host_free_time}.{total,max,min,count,avg}"`` (not measured: 0),
+    ``num_host_alloc`` and ``num_host_free``."""
+    pairs = _flatten(host_memory_stats_as_nested_dict())
+    pairs.sort()
+    return collections.OrderedDict(pairs)
+
+
+def reset_accumulated_host_memory_stats() -> None:
+    """Reset the ``allocated``/``freed`` totals of :func:`host_memory_stats`."""
+    _lib().reset_host_accumulated_stats()
+
+
+def reset_peak_host_memory_stats() -> None:
+    """Reset the ``peak`` values of :func:`host_memory_stats` to their ``current`` values."""
+    _lib().reset_host_peak_stats()
 
 
 def mem_get_info(device: Device = None) -> tuple[int, int]:
@@ -407,8 +543,8 @@ def _history_state() -> dict[str, Any]:
     return dict(_HISTORY_STATE)
 
 
-def _record_memory_history(
-    enabled: Literal["state", "all"] | bool | None = "all",
+def _record_memory_history_impl(
+    enabled: Literal["state", "all"] | None = "all",
     context: Literal["state", "alloc", "all"] | None = "all",
     stacks: Literal["python", "all"] = "all",
     max_entries: int = sys.maxsize,
@@ -425,7 +561,7 @@ def _record_memory_history(
     Args:
         enabled: ``None`` stops recording; ``"state"`` keeps stacks of live allocations only;
             ``"all"`` also keeps the last ``max_entries`` alloc/free events
-            (``snapshot["device_traces"]``). ``True``/``False`` mean ``"all"``/``None``.
+            (``snapshot["device_traces"]``).
         context: ``None`` records no stacks; any of ``"state"``, ``"alloc"``, ``"all"`` records
             the Python stack of each allocation.
         stacks: ``"python"`` or ``"all"``; only Python frames are recorded either way.
@@ -436,7 +572,7 @@ def _record_memory_history(
             signature compatibility; only their default values are supported.
     """
     if isinstance(enabled, bool):
-        enabled = "all" if enabled else None
+        raise AssertionError("unreachable: handled by _record_memory_history")  # pragma: no cover
     if enabled is not None and enabled not in _HISTORY_ENABLED:
         raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
     if context is not None and context not in _HISTORY_CONTEXT:
@@ -466,7 +602,51 @@ def _record_memory_history(
     )
 
 
-def _snapshot(device: Device = None) -> Snapshot:
+def _record_memory_history_legacy(
+    enabled: bool,
+    record_context: bool = True,
+    trace_alloc_max_entries: int = 1,
+    trace_alloc_record_context: bool = False,
+    device: Device = None,
+    record_context_cpp: bool = False,
+    clear_history: bool = False,
+    compile_context: bool = False,
+    global_record_annotations: bool = False,
+    skip_actions: list[str] | None = None,
+) -> None:
+    """``torch.cuda``'s older form (``enabled`` a bool): stacks of live allocations with
+    ``record_context``, and an alloc/free trace of ``trace_alloc_max_entries`` entries when that is
+    more than 1 (the default 1: state only)."""
+    if not enabled:
+        _record_memory_history_impl(None, device=device)
+        return
+    _record_memory_history_impl(
+        "all" if trace_alloc_max_entries > 1 else "state",
+        "all" if (record_context or trace_alloc_record_context) else None,
+        "all" if record_context_cpp else "python",
+        max(1, trace_alloc_max_entries) if isinstance(trace_alloc_max_entries, int) else trace_alloc_max_entries,
+        device,
+        clear_history,
+        compile_context,
+        global_record_annotations,
+        skip_actions,
+    )
+
+
+def _record_memory_history(enabled: Literal["state", "all"] | bool | None = "all", *args: Any, **kwargs: Any) -> None:
+    """Start or stop recording allocator history for :func:`_snapshot`; the signature of
+    ``torch.cuda.memory._record_memory_history``: a bool ``enabled`` takes the older arguments
+    (:func:`_record_memory_history_legacy`), otherwise those of :func:`_record_memory_history_impl`."""
+    if isinstance(enabled, bool):
+        _record_memory_history_legacy(enabled, *args, **kwargs)
+    else:
+        _record_memory_history_impl(enabled, *args, **kwargs)
+
+
+_record_memory_history.__signature__ = inspect.signature(_record_memory_history_impl)  # type: ignore[attr-defined]
+
+
+def _snapshot(device: Device = None, augment_with_fx_traces: bool = False) -> Snapshot:
     """Return the allocator state and recorded history of all devices.
 
     The dict has the layout of ``torch.cuda.memory._snapshot()`` (see the :class:`Snapshot`,
@@ -477,27 +657,50 @@ def _snapshot(device: Device = None) -> Snapshot:
     if device is not None:
         _device_index(device)
     snapshot: Snapshot = _lib().snapshot()
+    if augment_with_fx_traces:  # torch's own helper, as torch.cuda's _snapshot uses
+        from torch._utils import _augment_memory_snapshot_stack_traces
+
+        snapshot = _augment_memory_snapshot_stack_traces(snapshot)  # type: ignore[assignment,arg-type]
     return snapshot
 
 
-def memory_snapshot(device: Device = None) -> list[Segment]:
-    """Return the allocator's segments (``_snapshot()["segments"]``).
+def memory_snapshot(
+    mempool_id: tuple[int, int] | None = None, include_traces: bool = True, *, device: Device = None
+) -> list[Segment]:
+    """Return the allocator's segments (``_snapshot()["segments"]``), with the signature of
+    ``torch.cuda.memory_snapshot(mempool_id=None, include_traces=True)``.
 
-    ``None`` returns the segments of every device, like ``torch.cuda.memory_snapshot()``; a given
-    device returns only that device's segments.
+    Every device's segments by default; ``device=`` keeps only that device's (so does a device given in
+    the first place, this function's older form: an int, str or torch.device is never a pool id). There
+    are no private pools (``MemPool``): a pool id raises ``NotImplementedError``.
+    ``include_traces=False`` drops each segment's and block's allocation stack (``frames``).
     """
-    if device is None:
-        return _snapshot()["segments"]
-    index = _device_index(device)
-    return [seg for seg in _snapshot()["segments"] if seg["device"] == index]
+    if isinstance(mempool_id, (int, str, torch.device)) and not isinstance(mempool_id, bool):
+        if device is not None:
+            raise TypeError("memory_snapshot() got a device twice (first argument and device=)")
+        mempool_id, device = None, mempool_id
+    if mempool_id is not None:
+        if not isinstance(mempool_id, tuple):
+            raise TypeError(f"memory_snapshot(mempool_id=...) takes a memory pool id (a tuple), got {mempool_id!r}")
+        raise NotImplementedError(f"the {DEVICE_TYPE} allocator has no private memory pools (MemPool)")
+    index = None if device is None else _device_index(device)
+    segments = _snapshot()["segments"]
+    if index is not None:
+        segments = [seg for seg in segments if seg["device"] == index]
+    if not include_traces:
+        segments = [
+            {**seg, "frames": [], "blocks": [{**b, "frames": []} for b in seg["blocks"]]}  # type: ignore[misc]
+            for seg in segments
+        ]
+    return segments
 
 
-def _dump_snapshot(filename: str = "dump_snapshot.pickle") -> None:
+def _dump_snapshot(filename: str = "dump_snapshot.pickle", augment_with_fx_traces: bool = False) -> None:
     """Pickle :func:`_snapshot` to ``filename`` for https://pytorch.org/memory_viz.
 
     Written with pickle protocol 4, the newest the viewer's unpickler reads.
     """
-    snapshot = _snapshot()
+    snapshot = _snapshot(augment_with_fx_traces=augment_with_fx_traces)
     with open(filename, "wb") as f:
         pickle.dump(snapshot, f, protocol=SNAPSHOT_PICKLE_PROTOCOL)
 

@@ -11,6 +11,18 @@ from . import memory  # torch.neuron.memory, like torch.cuda.memory
 from ._backend import lib as _lib
 from .memory import _device_index as _memory_device_index
 from .memory import (
+    caching_allocator_alloc,
+    caching_allocator_delete,
+    get_allocator_backend,
+    get_per_process_memory_fraction,
+    host_memory_stats,
+    host_memory_stats_as_nested_dict,
+    max_memory_cached,
+    memory_cached,
+    reset_accumulated_host_memory_stats,
+    reset_max_memory_cached,
+    reset_peak_host_memory_stats,
+    set_per_process_memory_fraction,
     _dump_snapshot,
     _record_memory_history,
     _snapshot,
@@ -30,6 +42,18 @@ from .memory import (
 )
 
 __all__ = [
+    "caching_allocator_alloc",
+    "caching_allocator_delete",
+    "get_allocator_backend",
+    "get_per_process_memory_fraction",
+    "host_memory_stats",
+    "host_memory_stats_as_nested_dict",
+    "max_memory_cached",
+    "memory_cached",
+    "reset_accumulated_host_memory_stats",
+    "reset_max_memory_cached",
+    "reset_peak_host_memory_stats",
+    "set_per_process_memory_fraction",
     "Event",
     "Stream",
     "StreamContext",
@@ -93,8 +117,10 @@ def is_available() -> bool:
 
 
 def is_initialized() -> bool:
-    """True once any neuron device has allocated memory."""
-    return bool(_lib().runtime_started())
+    """True once any neuron device has allocated memory; False in a process forked after that (as
+    ``torch.cuda.is_initialized``: the device may not be used there)."""
+    C = _lib()
+    return bool(C.runtime_started()) and not C.in_bad_fork()
 
 
 def _lazy_init() -> None:  # torch calls this on device modules
@@ -347,7 +373,7 @@ def get_device_properties(device: _DeviceLike = None) -> dict[str, Any]:
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
     """Dtypes ``torch.autocast("neuron", dtype=...)`` accepts."""
-    return [torch.bfloat16, torch.float16]
+    return [torch.bfloat16, torch.float16, torch.float32]  # as CUDA: float32 is accepted (casts nothing)
 
 
 def is_bf16_supported(including_emulation: bool = True) -> bool:

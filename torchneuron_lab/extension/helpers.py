@@ -354,6 +354,14 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
     from ..device import recorder
     from ..tracing import summarize
 
+    if recorder.is_recording():
+        # Profiling clears and stops the recorder: inside another %%neuron_profile cell (or a recording the
+        # user started) it would silently empty the outer one.
+        raise LabInputError(
+            "the kernel recorder is already recording (this cell runs inside another %%neuron_profile, or "
+            "torchneuron_lab.device.recorder.start() was called without stop()); profiles do not nest: "
+            "profile the outer cell only, or call recorder.stop() first"
+        )
     marks: list[int] = []
     turned_on = False
     prev_history = mem._history_state()

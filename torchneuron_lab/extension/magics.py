@@ -170,11 +170,14 @@ class NeuronMagics(Magics):
         filename = self._cell_filename(text)
         from ..compiler.capture import quiet_dynamo
 
+        __tracebackhide__ = True  # noqa: F841
         try:
             with quiet_dynamo() as dyn:  # Dynamo's own "Graph break" warnings: the table says the same
                 res = helpers.graph_breaks(code, first, filename, self.shell.user_ns)
         except helpers.LabInputError as e:
             raise _usage(self.neuron_graph_breaks, str(e)) from None
+        except Exception as e:  # the user's statement raised: its own frames only, as %%neuron_profile
+            raise e.with_traceback(_user_traceback(e.__traceback__, filename))  # noqa: B904
         res.dynamo_log = dyn.text
         return _show(res, args)
 
@@ -260,9 +263,8 @@ class NeuronMagics(Magics):
         filename = self._cell_filename(f"%%neuron_profile {line}\n{cell}")
         try:
             tree = self.shell.compile.ast_parse("\n" + self.shell.transform_cell(cell), filename=filename)
-        except SyntaxError:
-            self.shell.showsyntaxerror()
-            return None
+        except SyntaxError as e:  # the cell fails, as with IPython's %%time and %%timeit ("Run all" stops)
+            raise e.with_traceback(None) from None  # without the parser's frames
         gate = SigintGate()
         with gate:  # Ctrl-C during the lab's set-up/tear-down is deferred; the cell itself stays interruptible
             self.watch.suspend()
@@ -273,6 +275,8 @@ class NeuronMagics(Magics):
                     res, value, error = helpers.profile_cell(_runner(self.shell, tree, filename, gate),
                                                              record_shapes=args.record_shapes,
                                                              memory_peak=args.memory, top=args.top)
+            except helpers.LabInputError as e:  # raised before the cell ran (a profile already recording)
+                raise _usage(self.neuron_profile, str(e)) from None
             finally:
                 self.watch.resume()
         if gate.pending and error is None:

@@ -7,13 +7,17 @@
 // after releasing cached segments once, and leaves every structure consistent.
 #include "neuron.h"
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <pthread.h>
 #include <mutex>
@@ -119,7 +123,19 @@ thread_local int tls_host_now = 0;  // HostNowGuards alive on this thread
 
 class DeviceAllocator {
  public:
-  DeviceAllocator(int device, int64_t capacity) : device_(device), capacity_(capacity) {}
+  DeviceAllocator(int device, int64_t capacity) : device_(device), capacity_(capacity), limit_(capacity) {}
+
+  // torch.neuron.set_per_process_memory_fraction: this process may reserve at most fraction * capacity
+  // (as CUDA's: exceeding it raises OutOfMemoryError; memory already reserved stays).
+  void set_memory_fraction(double fraction) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fraction_ = fraction;
+    limit_ = static_cast<int64_t>(fraction * static_cast<double>(capacity_));
+  }
+  double memory_fraction() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return fraction_;
+  }
 
   c10::DataPtr allocate(size_t n) {
     if (n == 0) {
@@ -147,7 +163,7 @@ class DeviceAllocator {
     process_pending();
     // Every size enters here: a request beyond the capacity can never be met (and would overflow the
     // rounding below, e.g. a size_t made from a negative or overflowed byte count): out of memory.
-    if (n > static_cast<size_t>(capacity_)) raise_oom(n, n, ctx, lock);
+    if (n > static_cast<size_t>(limit_)) raise_oom(n, n, ctx, lock);
     const size_t size = round_size(n);
     const bool small = size <= kSmallSize;
     Block* block = find_free(small, size, stream, limit);
@@ -452,10 +468,10 @@ class DeviceAllocator {
   Block* new_segment(bool small, size_t size, size_t requested, std::shared_ptr<c10::GatheredContext> ctx,
                      std::unique_lock<std::mutex>& lock, int stream) {
     const size_t seg = segment_size(size);
-    if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > capacity_) {
+    if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > limit_) {
       stats_.num_alloc_retries++;
       release_cached();
-      if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > capacity_ && worker_stream() < 0 &&
+      if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > limit_ && worker_stream() < 0 &&
           !all_idle()) {
         // Cached segments may still be in use by queued kernels: wait for the device (not under our
         // lock: kernels allocate too), then release what became free.
@@ -467,7 +483,7 @@ class DeviceAllocator {
       }
     }
     char* ptr = nullptr;
-    if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) <= capacity_) {
+    if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) <= limit_) {
       ptr = static_cast<char*>(std::aligned_alloc(kSegmentAlign, seg));
     }
     if (ptr == nullptr) {
@@ -498,7 +514,11 @@ class DeviceAllocator {
       << fmt(std::max<int64_t>(free_dev, 0)) << " is free. Of the reserved memory " << fmt(allocated)
       << " is allocated by PyTorch, and " << fmt(reserved - allocated)
       << " is reserved by PyTorch but unallocated (largest cached free block " << fmt(largest)
-      << "). If reserved but unallocated memory is large, call torch.neuron.empty_cache(); otherwise "
+      << ")" << (limit_ < capacity_ ? "; this process may reserve at most " + fmt(limit_) +
+                                          " (torch.neuron.set_per_process_memory_fraction(" +
+                                          std::to_string(fraction_) + "))"
+                                    : std::string())
+      << ". If reserved but unallocated memory is large, call torch.neuron.empty_cache(); otherwise "
          "reduce the batch size or free tensors (see %neuron_memory). The emulated capacity is set by "
          "TORCHNEURON_LAB_HBM_BYTES.";
     last_oom_.valid = true;
@@ -542,6 +562,8 @@ class DeviceAllocator {
 
   int device_;
   int64_t capacity_;
+  int64_t limit_;           // reserved bytes allowed: capacity_ * fraction_ (under mu_)
+  double fraction_ = 1.0;
   std::mutex mu_;
   std::set<Block*, BlockLess> small_free_, large_free_;
   std::unordered_map<char*, Block*> active_;
@@ -599,12 +621,86 @@ void neuron_block_free(void* ptr) {
   }
 }
 
-class NeuronAllocator final : public c10::Allocator {
+// The device allocator torch sees (c10::GetAllocator(kPrivateUse1)). A c10::DeviceAllocator, as CUDA's: the
+// generic accelerator API (torch.accelerator.memory_stats, empty_cache, get_memory_info, ...; Inductor's
+// and torch's test harness call them) reaches the caching allocator through this interface, and raised
+// "INTERNAL ASSERT FAILED ... Allocator for neuron is not a DeviceAllocator" while it was a plain Allocator.
+class NeuronAllocator final : public c10::DeviceAllocator {
  public:
   c10::DataPtr allocate(size_t n) override { return get_device(current_device())->allocate(n); }
   c10::DeleterFnPtr raw_deleter() const override { return &neuron_block_free; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
+  }
+  // Some device has been used (torch.accelerator's functions do nothing, or return nothing, before).
+  bool initialized() override {
+    if (in_bad_fork()) return false;  // as torch.cuda.is_initialized() in a forked child
+    for (int d = 0; d < device_count(); ++d)
+      if (peek_device(d) != nullptr) return true;
+    return false;
+  }
+  void emptyCache(c10::MempoolId_t mempool_id) override {
+    TORCH_CHECK_NOT_IMPLEMENTED(mempool_id.first == 0 && mempool_id.second == 0,
+                                "neuron has no private memory pools (MemPool); got pool id (", mempool_id.first,
+                                ", ", mempool_id.second, ")");
+    for (int d = 0; d < device_count(); ++d)
+      if (auto* a = peek_device(d)) a->empty_cache();
+  }
+  void recordStream(const c10::DataPtr& ptr, c10::Stream stream) override {
+    TORCH_CHECK(stream.device_type() == kNeuron, "recordStream: expected a neuron stream, got ", stream);
+    if (ptr.get() != nullptr) record_block_stream(ptr.get(), stream.device_index(), static_cast<int>(stream.id()));
+  }
+  c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    check_device_index(device);
+    DeviceStats st;
+    if (auto* a = peek_device(device)) a->stats_into(st);
+    c10::CachingDeviceAllocator::DeviceStats out;
+    auto arr = [](c10::CachingDeviceAllocator::StatArray& to, const StatArray& from) {
+      static_assert(kAll == static_cast<int>(c10::CachingDeviceAllocator::StatType::AGGREGATE) &&
+                    kSmallPool == static_cast<int>(c10::CachingDeviceAllocator::StatType::SMALL_POOL) &&
+                    kLargePool == static_cast<int>(c10::CachingDeviceAllocator::StatType::LARGE_POOL));
+      for (size_t i = 0; i < from.size(); ++i) copy_stat(to[i], from[i]);
+    };
+    arr(out.allocation, st.allocation);
+    arr(out.segment, st.segment);
+    arr(out.active, st.active);
+    arr(out.inactive_split, st.inactive_split);
+    arr(out.allocated_bytes, st.allocated_bytes);
+    arr(out.reserved_bytes, st.reserved_bytes);
+    arr(out.active_bytes, st.active_bytes);
+    arr(out.inactive_split_bytes, st.inactive_split_bytes);
+    arr(out.requested_bytes, st.requested_bytes);
+    out.num_alloc_retries = st.num_alloc_retries;
+    out.num_ooms = st.num_ooms;
+    copy_stat(out.oversize_allocations, st.oversize_allocations);
+    copy_stat(out.oversize_segments, st.oversize_segments);
+    out.num_device_alloc = st.num_device_alloc;
+    out.num_device_free = st.num_device_free;
+    out.max_split_size = -1;  // no limit: -1, as memory_stats() and CUDA report it
+    return out;
+  }
+  void resetAccumulatedStats(c10::DeviceIndex device) override {
+    check_device_index(device);
+    if (auto* a = peek_device(device)) a->reset_accumulated();
+  }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check_device_index(device);
+    if (auto* a = peek_device(device)) a->reset_peak();
+  }
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    check_device_index(device);
+    auto* a = peek_device(device);
+    const int64_t total = config().hbm_bytes;
+    const int64_t reserved = a != nullptr ? a->reserved() : 0;
+    return {static_cast<size_t>(std::max<int64_t>(total - reserved, 0)), static_cast<size_t>(total)};
+  }
+
+ private:
+  static void copy_stat(c10::CachingAllocator::Stat& to, const Stat& from) {
+    to.current = from.current;
+    to.peak = from.peak;
+    to.allocated = from.allocated;
+    to.freed = from.freed;
   }
 };
 
@@ -670,17 +766,34 @@ RedirectCpuAllocator* g_redirect = nullptr;
 // device's DMA could use directly; isPinnedPtr() answers for any address inside one of them.
 std::mutex g_pinned_mu;
 std::map<uintptr_t, size_t> g_pinned;  // start -> bytes
+struct PinnedStats {  // under g_pinned_mu
+  c10::CachingAllocator::Stat active_requests, active_bytes, allocations, allocated_bytes;
+  int64_t num_host_alloc = 0, num_host_free = 0;
+} g_pinned_stats;
 
 void pinned_free(void* ptr) {
   if (ptr == nullptr) return;
   {
     std::lock_guard<std::mutex> lock(g_pinned_mu);
-    g_pinned.erase(reinterpret_cast<uintptr_t>(ptr));
+    auto it = g_pinned.find(reinterpret_cast<uintptr_t>(ptr));
+    if (it != g_pinned.end()) {
+      g_pinned_stats.active_requests.decrease(1);
+      g_pinned_stats.active_bytes.decrease(it->second);
+      g_pinned_stats.allocations.decrease(1);
+      g_pinned_stats.allocated_bytes.decrease(it->second);
+      g_pinned_stats.num_host_free++;
+      g_pinned.erase(it);
+    }
   }
   std::free(ptr);
 }
 
-class PinnedHostAllocator final : public c10::Allocator {
+// The host allocator torch sees for neuron (at::getHostAllocator(kPrivateUse1)): torch.accelerator's
+// empty_host_cache() called through a null one (a segfault once a neuron tensor existed). Pinned memory is
+// not cached here: it goes back to the system when freed (a queued copy holds its source or destination
+// tensor until it has run, so nothing needs a stream record), so empty_cache has nothing to release and
+// the stats count live allocations.
+class PinnedHostAllocator final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &pinned_free, c10::Device(c10::kCPU));
@@ -692,12 +805,44 @@ class PinnedHostAllocator final : public c10::Allocator {
     {
       std::lock_guard<std::mutex> lock(g_pinned_mu);
       g_pinned[reinterpret_cast<uintptr_t>(p)] = n;
+      g_pinned_stats.active_requests.increase(1);
+      g_pinned_stats.active_bytes.increase(n);
+      g_pinned_stats.allocations.increase(1);
+      g_pinned_stats.allocated_bytes.increase(n);
+      g_pinned_stats.num_host_alloc++;
     }
     return c10::DataPtr(p, p, &pinned_free, c10::Device(c10::kCPU));
   }
   c10::DeleterFnPtr raw_deleter() const override { return &pinned_free; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
+  }
+  bool record_event(void* /*ptr*/, void* /*ctx*/, c10::Stream /*stream*/) override { return true; }
+  void empty_cache() override {}
+  at::HostStats get_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    at::HostStats st;
+    st.active_requests = g_pinned_stats.active_requests;
+    st.active_bytes = g_pinned_stats.active_bytes;
+    st.allocations = g_pinned_stats.allocations;
+    st.allocated_bytes = g_pinned_stats.allocated_bytes;
+    st.num_host_alloc = g_pinned_stats.num_host_alloc;
+    st.num_host_free = g_pinned_stats.num_host_free;
+    return st;
+  }
+  void reset_accumulated_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    for (c10::CachingAllocator::Stat* s : {&g_pinned_stats.active_requests, &g_pinned_stats.active_bytes, &g_pinned_stats.allocations,
+                         &g_pinned_stats.allocated_bytes})
+      s->reset_accumulated();
+    g_pinned_stats.num_host_alloc = 0;
+    g_pinned_stats.num_host_free = 0;
+  }
+  void reset_peak_stats() override {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    for (c10::CachingAllocator::Stat* s : {&g_pinned_stats.active_requests, &g_pinned_stats.active_bytes, &g_pinned_stats.allocations,
+                         &g_pinned_stats.allocated_bytes})
+      s->reset_peak();
   }
 };
 PinnedHostAllocator g_pinned_allocator;
@@ -752,6 +897,42 @@ void init_devices() {
 
 c10::Allocator* neuron_allocator() { return &g_neuron_allocator; }
 c10::DataPtr allocate_on(int device, size_t nbytes) { return get_device(device)->allocate(nbytes); }
+
+// torch.neuron.caching_allocator_alloc / caching_allocator_delete (torch.cuda's raw allocation API): a
+// block of the caching allocator handed out as an address, ordered on `stream`, held here until deleted.
+std::mutex g_raw_mu;
+std::unordered_map<uintptr_t, c10::DataPtr> g_raw_blocks;
+uintptr_t raw_alloc(size_t nbytes, int device, int stream) {
+  check_device_index(device);
+  check_stream(device, stream);
+  const int prev = current_stream(device);
+  set_current_stream(device, stream);
+  c10::DataPtr p;
+  try {
+    p = get_device(device)->allocate(nbytes);
+  } catch (...) {
+    set_current_stream(device, prev);
+    throw;
+  }
+  set_current_stream(device, prev);
+  const auto addr = reinterpret_cast<uintptr_t>(p.get());
+  if (addr == 0) return 0;  // a 0-byte request, as CUDA's: nothing to delete
+  std::lock_guard<std::mutex> lock(g_raw_mu);
+  g_raw_blocks.emplace(addr, std::move(p));
+  return addr;
+}
+void raw_delete(uintptr_t addr) {
+  c10::DataPtr p;
+  {
+    std::lock_guard<std::mutex> lock(g_raw_mu);
+    auto it = g_raw_blocks.find(addr);
+    TORCH_CHECK(it != g_raw_blocks.end(), "invalid device pointer: 0x", std::hex, addr,
+                " (not allocated by torch.neuron.caching_allocator_alloc, or already deleted)");
+    p = std::move(it->second);
+    g_raw_blocks.erase(it);
+  }
+  // p's destructor frees the block (outside the lock), stream-ordered as any tensor's
+}
 void record_block_stream(void* ptr, int device, int stream) {
   check_stream(device, stream);
   for (int d = 0; d < 64; ++d) {
@@ -795,5 +976,6 @@ void install_redirect_cpu_allocator() {
 }
 
 REGISTER_ALLOCATOR(kNeuron, &g_neuron_allocator);
+REGISTER_HOST_ALLOCATOR(kNeuron, &g_pinned_allocator);
 
 }  // namespace tnl

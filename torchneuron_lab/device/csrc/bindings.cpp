@@ -565,6 +565,49 @@ void init_module(py::module& m) {
     const int64_t reserved = a ? a->reserved() : 0;
     return py::make_tuple(config().hbm_bytes - reserved, config().hbm_bytes);
   });
+  m.def("set_memory_fraction", [](double fraction, int d) {
+    check_device_index(d);
+    get_device(d)->set_memory_fraction(fraction);
+  });
+  m.def("memory_fraction", [](int d) {
+    check_device_index(d);
+    DeviceAllocator* a = peek_device(d);
+    return a != nullptr ? a->memory_fraction() : 1.0;
+  });
+  m.def("raw_alloc", &raw_alloc, py::arg("nbytes"), py::arg("device"), py::arg("stream"));
+  m.def("raw_delete", &raw_delete, py::arg("ptr"));
+  m.def("host_memory_stats", [] {
+    const at::HostStats st = g_pinned_allocator.get_stats();
+    auto stat = [](const c10::CachingAllocator::Stat& s) {
+      py::dict d;
+      d["current"] = s.current;
+      d["peak"] = s.peak;
+      d["allocated"] = s.allocated;
+      d["freed"] = s.freed;
+      return d;
+    };
+    auto duration = [](const c10::CachingAllocator::DurationStat& s) {
+      py::dict d;
+      d["total"] = s.total;
+      d["max"] = s.max;
+      d["min"] = s.min;
+      d["count"] = s.count;
+      d["avg"] = s.count == 0 ? 0 : s.total / s.count;
+      return d;
+    };
+    py::dict r;
+    r["active_requests"] = stat(st.active_requests);
+    r["active_bytes"] = stat(st.active_bytes);
+    r["allocations"] = stat(st.allocations);
+    r["allocated_bytes"] = stat(st.allocated_bytes);
+    r["host_alloc_time"] = duration(st.host_alloc_time);
+    r["host_free_time"] = duration(st.host_free_time);
+    r["num_host_alloc"] = st.num_host_alloc;
+    r["num_host_free"] = st.num_host_free;
+    return r;
+  });
+  m.def("reset_host_accumulated_stats", [] { g_pinned_allocator.reset_accumulated_stats(); });
+  m.def("reset_host_peak_stats", [] { g_pinned_allocator.reset_peak_stats(); });
   m.def("snapshot", &snapshot_py);
   m.def("record_memory_history", [](bool enabled, bool record_context, size_t max_entries) {
     g_context_fn = &gather_python_context;

@@ -953,11 +953,13 @@ std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMet
         plan->outs.push_back(o);
         return true;
       }
+    // layout first: a sparse output (EmbeddingBag(sparse=True)'s grad) has no storage to ask for
+    if (m.layout() != at::kStrided || m.is_quantized()) return false;
     c10::StorageImpl* ms = m.storage().unsafeGetStorageImpl();
     for (const auto& p : mstorages)
       if (p.second.unsafeGetStorageImpl() == ms) return false;  // a view of an input
     if (std::find(out_storages.begin(), out_storages.end(), ms) != out_storages.end()) return false;
-    if (m.storage_offset() != 0 || m.layout() != at::kStrided || m.is_quantized()) return false;
+    if (m.storage_offset() != 0) return false;
     out_storages.push_back(ms);
     o.kind = LaunchPlan::Out::New;
     o.sizes = m.sizes().vec();
@@ -2505,6 +2507,18 @@ TORCH_LIBRARY_IMPL(aten, Negative, m) {
 // listed here; the lists are ATen's own (the same policies CUDA uses).
 TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) { m.fallback(torch::CppFunction::makeFallthrough()); }
 
+// binary_cross_entropy is banned under autocast, as on CUDA (its fp16 inputs come from a sigmoid that
+// saturates; a mixed fp16/fp32 call raised an unrelated dtype error, an fp16 one ran in fp16).
+at::Tensor autocast_binary_cross_entropy_banned(const at::Tensor&, const at::Tensor&,
+                                                const std::optional<at::Tensor>&, int64_t) {
+  TORCH_CHECK(false,
+              "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to autocast.\n"
+              "Many models use a sigmoid layer right before the binary cross entropy layer.\n"
+              "In this case, combine the two layers using torch.nn.functional.binary_cross_entropy_with_logits\n"
+              "or torch.nn.BCEWithLogitsLoss.  binary_cross_entropy_with_logits and BCEWithLogits are\n"
+              "safe to autocast.");
+}
+
 TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 #define TNL_LOW(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
 #define TNL_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
@@ -2514,6 +2528,13 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_FP32(TNL_FP32)
   AT_FORALL_FP32_SET_OPT_DTYPE(TNL_FP32_OPT)
   AT_FORALL_PROMOTE(TNL_PROMOTE)
+  // norm.Scalar / norm.ScalarOpt_dim: run in fp32 through the overload taking a dtype (CUDA's list too)
+  using at::IntArrayRef;
+  using at::Scalar;
+  using at::ScalarType;
+  using at::Tensor;
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  m.impl(TORCH_SELECTIVE_NAME("aten::binary_cross_entropy"), TORCH_FN(autocast_binary_cross_entropy_banned));
 #undef TNL_LOW
 #undef TNL_FP32
 #undef TNL_FP32_OPT

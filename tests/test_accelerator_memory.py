@@ -1,0 +1,248 @@
+"""The memory API a CUDA program reaches on ``neuron``: ``torch.accelerator``'s memory functions (through the
+allocator's ``c10::DeviceAllocator`` interface), the host (pinned) allocator torch looks up for the device, and
+the ``torch.cuda.memory`` functions beyond statistics (memory fraction, raw allocations, deprecated names,
+history in its older form, snapshot arguments), on the real allocator. Paths that crashed run in a child.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import warnings
+
+import pytest
+import torch
+
+import torchneuron_lab  # noqa: F401
+from _neuron_child import run_child
+
+N = torch.neuron
+
+
+def test_empty_host_cache_after_the_device_is_used_does_not_crash() -> None:
+    # at::accelerator::emptyHostCache() called through a null host allocator: SIGSEGV once a tensor existed
+    facts = run_child("""
+        import json, torch, torchneuron_lab
+        torch.accelerator.empty_host_cache()                 # before any use
+        x = torch.ones(4, device="neuron")
+        p = torch.ones(256).pin_memory()
+        torch.accelerator.empty_host_cache()
+        print(json.dumps({"x": x.sum().item(), "pinned": p.is_pinned()}))
+    """)
+    assert facts == {"x": 4.0, "pinned": True}
+
+
+def test_accelerator_memory_functions_read_the_neuron_allocator() -> None:
+    # every one raised "INTERNAL ASSERT FAILED ... Allocator for neuron is not a DeviceAllocator"
+    acc = torch.accelerator
+    assert acc.current_accelerator() == torch.device("neuron")
+    torch.neuron.synchronize()
+    N.empty_cache()
+    a0 = acc.memory_allocated()
+    x = torch.empty(1000, device="neuron")  # 4000 bytes: one 4096-byte block
+    assert acc.memory_allocated() - a0 == 4096 == N.memory_allocated() - a0
+    assert acc.max_memory_allocated() == N.max_memory_allocated()
+    assert acc.memory_reserved() == N.memory_reserved() > 0
+    assert acc.max_memory_reserved() == N.max_memory_reserved()
+    assert acc.memory_stats() == N.memory_stats()  # every key and value, max_split_size (-1) included
+    assert acc.memory_stats()["max_split_size"] == -1
+    assert acc.get_memory_info() == N.mem_get_info()
+    assert acc.memory_stats(1) == N.memory_stats(1)
+    del x
+    acc.reset_peak_memory_stats()
+    assert acc.max_memory_allocated() == acc.memory_allocated() == a0
+    acc.reset_accumulated_memory_stats()
+    stats = acc.memory_stats()
+    assert stats["allocated_bytes.all.allocated"] == stats["allocated_bytes.all.freed"] == 0
+    torch.neuron.synchronize()
+    acc.empty_cache()
+    assert acc.memory_reserved() == N.memory_reserved()
+    with pytest.raises(RuntimeError, match="invalid neuron device index"):
+        torch._C._accelerator_getDeviceStats(7)
+
+
+def test_accelerator_empty_cache_before_any_use_is_a_no_op() -> None:
+    facts = run_child("""
+        import json, torch, torchneuron_lab
+        before = torch._C._accelerator_isAllocatorInitialized()
+        torch.accelerator.empty_cache()
+        stats = torch.accelerator.memory_stats()
+        x = torch.ones(2, device="neuron")
+        print(json.dumps({"before": before, "stats": len(stats), "after": torch._C._accelerator_isAllocatorInitialized()}))
+    """)
+    assert facts == {"before": False, "stats": 0, "after": True}
+
+
+def test_host_memory_stats_count_pinned_allocations() -> None:
+    s0 = N.host_memory_stats()
+    p = torch.ones(1000).pin_memory()
+    s1 = N.host_memory_stats()
+    assert p.is_pinned()
+    assert s1["active_bytes.current"] - s0["active_bytes.current"] == 4000
+    assert s1["active_requests.current"] - s0["active_requests.current"] == 1
+    assert s1["num_host_alloc"] - s0["num_host_alloc"] == 1
+    del p
+    s2 = N.host_memory_stats()
+    assert s2["active_bytes.current"] == s0["active_bytes.current"]
+    assert s2["num_host_free"] - s0["num_host_free"] == 1
+    # torch.cuda.host_memory_stats' keys
+    expected = {f"{k}.{m}" for k in ("active_requests", "active_bytes", "allocations", "allocated_bytes")
+                for m in ("current", "peak", "allocated", "freed")}
+    expected |= {f"{k}.{m}" for k in ("host_alloc_time", "host_free_time") for m in ("total", "max", "min", "count", "avg")}
+    assert set(s2) == expected | {"num_host_alloc", "num_host_free"}
+    N.reset_peak_host_memory_stats()
+    N.reset_accumulated_host_memory_stats()
+    s3 = N.host_memory_stats()
+    assert s3["active_bytes.peak"] == s3["active_bytes.current"]
+    assert s3["active_bytes.allocated"] == 0 and s3["num_host_alloc"] == 0
+    assert N.host_memory_stats_as_nested_dict()["active_bytes"]["current"] == s3["active_bytes.current"]
+
+
+def test_per_process_memory_fraction_limits_what_the_allocator_reserves() -> None:
+    facts = run_child("""
+        N = torch.neuron
+        total = N.mem_get_info()[1]
+        f0 = N.get_per_process_memory_fraction()
+        N.set_per_process_memory_fraction(0.001)
+        limit = int(0.001 * total)
+        small = torch.empty(limit // 8, dtype=torch.uint8, device="neuron")  # fits
+        before_big = N.memory_allocated()
+        big = outcome(lambda: torch.empty(limit, dtype=torch.uint8, device="neuron").shape)
+        after_oom = N.memory_allocated()  # the failed request left nothing allocated
+        f1 = N.get_per_process_memory_fraction()
+        N.set_per_process_memory_fraction(1.0)
+        ok = torch.empty(limit, dtype=torch.uint8, device="neuron").numel()
+        emit({"f0": f0, "f1": f1, "big": big, "limit": limit, "ok": ok, "before_big": before_big,
+              "allocated_after_oom": after_oom,
+              "bad": [outcome(lambda v=v: N.set_per_process_memory_fraction(v)) for v in (1, 1.5, -0.1)]})
+    """, outcomes=True)
+    assert facts["f0"] == 1.0 and facts["f1"] == 0.001
+    assert facts["big"]["error"] == "OutOfMemoryError"
+    assert "set_per_process_memory_fraction(0.001000)" in facts["big"]["message"]
+    assert facts["ok"] == facts["limit"]
+    assert facts["allocated_after_oom"] == facts["before_big"] > 0
+    assert facts["bad"] == [
+        {"error": "TypeError", "message": "Invalid type for fraction argument, must be `float`"},
+        {"error": "ValueError", "message": "Invalid fraction value: 1.5. Allowed range: 0~1"},
+        {"error": "ValueError", "message": "Invalid fraction value: -0.1. Allowed range: 0~1"},
+    ]
+
+
+def test_caching_allocator_alloc_and_delete() -> None:
+    torch.neuron.synchronize()
+    a0 = N.memory_allocated()
+    ptr = N.caching_allocator_alloc(1000)
+    assert isinstance(ptr, int) and ptr != 0
+    assert N.memory_allocated() - a0 == 1024  # rounded to 512 bytes, as CUDA's
+    assert any(seg["address"] <= ptr < seg["address"] + seg["total_size"] for seg in N.memory_snapshot())
+    N.caching_allocator_delete(ptr)
+    assert N.memory_allocated() == a0
+    with pytest.raises(RuntimeError, match="invalid device pointer"):
+        N.caching_allocator_delete(ptr)
+    s = N.Stream()
+    ptr = N.caching_allocator_alloc(100, device="neuron:0", stream=s)
+    seg = next(seg for seg in N.memory_snapshot() if seg["address"] <= ptr < seg["address"] + seg["total_size"])
+    assert seg["stream"] == s.stream_id
+    N.caching_allocator_delete(ptr)
+    assert N.caching_allocator_alloc(0) == 0
+    with pytest.raises(TypeError, match="Invalid type for stream argument"):
+        N.caching_allocator_alloc(100, stream="s")
+    with pytest.raises(ValueError, match="neuron:1"):
+        N.caching_allocator_alloc(100, device=0, stream=N.Stream(device=1))
+    assert N.get_allocator_backend() == "native"
+
+
+def test_deprecated_cached_names_warn_and_read_reserved() -> None:
+    with pytest.warns(FutureWarning, match="renamed to torch.neuron.memory_reserved"):
+        assert N.memory_cached() == N.memory_reserved()
+    with pytest.warns(FutureWarning, match="renamed to torch.neuron.max_memory_reserved"):
+        assert N.max_memory_cached() == N.max_memory_reserved()
+    with pytest.warns(FutureWarning, match="resets /all/ peak"):
+        N.reset_max_memory_cached()
+    assert N.max_memory_reserved() == N.memory_reserved()
+
+
+def test_torch_cuda_memory_names_exist_on_torch_neuron() -> None:
+    # what stays missing is what the emulator has no counterpart for (pluggable allocators, private pools,
+    # a process list of the GPU driver)
+    missing = sorted(set(torch.cuda.memory.__all__) - set(dir(N)))
+    assert missing == ["CUDAPluggableAllocator", "MemPool", "caching_allocator_disabled", "caching_allocator_enable",
+                       "change_current_allocator", "list_gpu_processes", "use_mem_pool"]
+
+
+def test_record_memory_history_in_its_older_bool_form() -> None:
+    try:
+        N.memory._record_memory_history(True)  # as torch.cuda: live allocations' stacks only, no trace
+        x = torch.ones(100, device="neuron")
+        y = torch.ones(200, device="neuron")
+        state_only = [len(t) for t in N.memory._snapshot()["device_traces"]]
+        N.memory._record_memory_history(True, trace_alloc_max_entries=100, trace_alloc_record_context=True)
+        z = torch.ones(300, device="neuron")
+        trace = N.memory._snapshot()["device_traces"][0]
+    finally:
+        N.memory._record_memory_history(False)
+    assert state_only[0] <= 1
+    alloc = [e for e in trace if e["action"] == "alloc" and e["addr"] == z.data_ptr()]
+    assert len(alloc) == 1 and alloc[0]["frames"]
+    del x, y
+
+
+def test_snapshot_takes_torch_cuda_arguments(tmp_path: os.PathLike[str]) -> None:
+    x = torch.ones(100, device="neuron")
+    snap = N.memory._snapshot(augment_with_fx_traces=True)
+    assert any(seg["device"] == 0 for seg in snap["segments"])
+    path = os.path.join(tmp_path, "s.pickle")
+    N.memory._dump_snapshot(path, augment_with_fx_traces=True)
+    with open(path, "rb") as f:
+        assert pickle.load(f)["segments"]
+    assert all(not seg["frames"] for seg in N.memory_snapshot(include_traces=False))
+    del x
+
+
+def test_a_bad_fork_child_sees_no_initialized_device() -> None:
+    facts = run_child("""
+        import json, os, torch, torchneuron_lab
+        x = torch.ones(1000, device="neuron")
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            N = torch.neuron
+            out = {"init": N.is_initialized(), "stats": N.memory_stats(), "alloc": N.memory_allocated(),
+                   "acc_init": torch._C._accelerator_isAllocatorInitialized()}
+            N.empty_cache()
+            os.write(w, json.dumps(out).encode())
+            os._exit(0)
+        os.close(w)
+        data = os.read(r, 100000)
+        os.waitpid(pid, 0)
+        child = json.loads(data)
+        print(json.dumps({"child": child, "parent_init": torch.neuron.is_initialized()}))
+    """)
+    assert facts == {"child": {"init": False, "stats": {}, "alloc": 0, "acc_init": False}, "parent_init": True}
+
+
+def test_autocast_bans_binary_cross_entropy_and_runs_norm_in_float32() -> None:
+    x = torch.randn(4, 4, device="neuron")
+    with torch.autocast("neuron", dtype=torch.float16):
+        p = torch.sigmoid(x @ x)
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            torch.nn.functional.binary_cross_entropy(p, torch.rand(4, 4, device="neuron"))
+        with pytest.raises(RuntimeError, match="unsafe to autocast"):
+            torch.nn.BCELoss()(p, p.detach())
+        h = x.half()
+        assert torch.ops.aten.norm.Scalar(h, 2).dtype == torch.float32
+        assert torch.ops.aten.norm.ScalarOpt_dim(h, 2, [0], False).dtype == torch.float32
+        assert torch.ops.aten.norm.Scalar(h, 2).item() == torch.ops.aten.norm.Scalar(h.float(), 2).item()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "target dtype is not supported. Disabling autocast" before
+        with torch.autocast("neuron", dtype=torch.float32):
+            assert torch.is_autocast_enabled("neuron")
+            assert (x @ x).dtype == torch.float32
+
+
+def test_sparse_embedding_bag_gradient_names_the_limitation() -> None:
+    eb = torch.nn.EmbeddingBag(10, 3, sparse=True).to("neuron")
+    with pytest.raises(NotImplementedError, match="neuron tensors must be dense and strided.*_embedding_bag_backward"):
+        eb(torch.tensor([[1, 2]], device="neuron")).sum().backward()
+    assert (torch.ones(2, device="neuron") + 1).tolist() == [2.0, 2.0]  # usable after
