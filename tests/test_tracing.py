@@ -342,6 +342,31 @@ def test_write_chrome_trace(tmp_path: Path, trace: Trace) -> None:
     assert loaded_gz["otherData"]["profile"] == "trn1"
 
 
+def test_write_chrome_trace_in_chunks_is_the_same_json(tmp_path: Path, trace: Trace,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchneuron_lab.tracing.chrome_trace as ct
+
+    whole = json.dumps(to_chrome_trace(trace), allow_nan=False, separators=(",", ":"))
+    n_events = len(to_chrome_trace(trace)["traceEvents"])
+    for chunk in (1, 2, 3, n_events - 1, n_events, n_events + 5):
+        monkeypatch.setattr(ct, "_CHUNK_EVENTS", chunk)
+        p = write_chrome_trace(tmp_path / f"t{chunk}.json", trace)
+        assert p.read_text() == whole  # byte for byte what one json.dumps makes
+    empty = write_chrome_trace(tmp_path / "empty.json", [])
+    validate_chrome_trace(json.loads(empty.read_text()))
+    assert sorted(os.listdir(tmp_path)) == sorted([f"t{c}.json" for c in (1, 2, 3, n_events - 1, n_events,
+                                                                            n_events + 5)] + ["empty.json"])
+
+
+def test_write_chrome_trace_that_fails_leaves_the_old_file(tmp_path: Path, trace: Trace) -> None:
+    target = tmp_path / "trace.json"
+    target.write_text("old")
+    with pytest.raises(ValueError, match="not JSON-serialisable"):
+        write_chrome_trace(target, trace, {"bad": float("nan")})
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["trace.json"]  # no temporary file left
+
+
 # --------------------------------------------------------------------------------------------------
 # summaries
 # --------------------------------------------------------------------------------------------------

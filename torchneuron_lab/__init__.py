@@ -15,9 +15,11 @@ __all__ = ["__version__", "load_ipython_extension", "register_device", "unload_i
 
 def register_device() -> None:
     """Register the ``neuron`` device (builds the C++ core on first use). Safe to call repeatedly."""
+    from . import _inductor_redirect
     from .device import register
 
     register()
+    _inductor_redirect.install()  # torch.compile(model) (backend="inductor") on neuron tensors
 
 
 def _autoload() -> None:

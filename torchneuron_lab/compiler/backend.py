@@ -854,7 +854,13 @@ def neuron_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, m
     """The Dynamo backend registered as ``"neuron"``: Inductor's whole ``compile_fx`` pipeline, with an
     inner compiler that lowers each ATen graph for the CPU and runs it on device memory. ``mode`` and
     ``options`` (``torch.compile``'s) patch Inductor's config as they do for ``backend="inductor"``."""
-    config_patches = _inductor_config(mode, options)
+    return compile_for_neuron(gm, example_inputs, _inductor_config(mode, options))
+
+
+def compile_for_neuron(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                       config_patches: dict[str, Any] | None = None) -> Callable[..., Any]:
+    """:func:`neuron_backend` with Inductor config patches already resolved (also what Inductor's own
+    ``torch.compile`` wrapper hands a graph on neuron tensors: ``torchneuron_lab._inductor_redirect``)."""
     register_backend()
     import torch._functorch.config as functorch_config
     from torch._inductor.compile_fx import compile_fx

@@ -80,13 +80,16 @@ class NeuronInterface(DeviceInterface):
     def is_available() -> bool:
         return bool(_mod().is_available())
 
-    @staticmethod
-    def current_stream() -> torch.Stream:
-        return torch.Stream(device=torch.device(DEVICE_TYPE, int(_mod().current_device())))
+    # torch.neuron's own, as CUDA's interface has torch.cuda's: Dynamo turns a call of a registered
+    # interface's `stream` into a stream context in the graph (it inlined the lab's Python StreamContext
+    # and broke the graph 5 times), and `current_stream` is the current stream (a new torch.Stream before).
+    stream = staticmethod(_mod().stream)
+    current_stream = staticmethod(_mod().current_stream)
+    set_stream = staticmethod(_mod().set_stream)
 
     @staticmethod
     def get_raw_stream(device_idx: int) -> int:
-        return 0  # one default stream per device
+        return int(_mod().current_stream(device_idx).stream_id)
 
     @staticmethod
     def synchronize(device: Any = None) -> None:

@@ -203,7 +203,29 @@ def synchronize(device: _DeviceLike = None) -> None:
 _PRIVATEUSE1: int | None = None
 
 
+def _release_autograd_device_threads() -> None:
+    """Let autograd's neuron device threads drop the graph tasks they still hold before the interpreter
+    finalises. A backward that raised returns to the caller while the device thread is still finishing the
+    failed graph; the graph task keeps the Python context torch stashes at every backward, and its last
+    reference dropped during finalisation needs the GIL: the thread is torn down and the process aborts
+    ("terminate called without an active exception", rc 134, 4 exits in 6). A tiny backward on each used
+    device, launched from C++ without that stash, runs after everything queued before it on
+    the device's thread, so the earlier tasks are released by the time it returns (C++ tensors only, twice:
+    the second waits for the first's release, and neither holds a Python object)."""
+    C = _lib()
+    if not C.runtime_started() or C.in_bad_fork():
+        return
+    for d in range(int(C.device_count())):
+        if not C.memory_stats(d)["segment"]["all"]["allocated"]:
+            continue  # never used: no device thread of autograd's ran its work
+        C.release_autograd_device_thread(d)
+
+
 def _drain_at_exit() -> None:  # kernels still queued finish before the interpreter goes away
+    try:
+        _release_autograd_device_threads()
+    except Exception:  # noqa: BLE001, S110 - exit must not fail
+        pass
     try:
         _lib().drain()
     except Exception:  # noqa: BLE001, S110 - exit must not fail
@@ -468,6 +490,8 @@ _SHARING_ERROR = (
 
 
 def _is_neuron(obj: object) -> bool:
+    if isinstance(obj, torch.TypedStorage):  # its .device warns "TypedStorage is deprecated" (every worker did)
+        obj = obj._untyped_storage
     device = getattr(obj, "device", None)
     return isinstance(device, torch.device) and device.type == "neuron"
 

@@ -337,6 +337,15 @@ def _memory_now() -> dict[int, tuple[int, int]]:
             for d in range(int(lib().device_count()))}
 
 
+def _plan_check_waits() -> tuple[int, int]:
+    """(first launches checked on the host, ns the host waited for the stream in them) so far: the
+    emulator's own waits, which are not syncs of the program (no recorded event)."""
+    from ..device._backend import lib
+
+    n, ns = lib().plan_check_waits()
+    return int(n), int(ns)
+
+
 def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bool, top: int,
                  ) -> tuple[ProfileResult, Any, BaseException | None]:
     """Run ``run()`` with the recorder on (stacks included); the recorder is stopped even if it raises.
@@ -386,6 +395,7 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
     from .backward_sites import BackwardSites, attribute
 
     sites = BackwardSites(getattr(recorder, "_source_mapper", None))
+    checks0 = _plan_check_waits()
     try:
         with sites:
             value = run()
@@ -393,6 +403,7 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
         error = e
     finally:
         recorder.stop()
+        checks1 = _plan_check_waits()
         trace = recorder.read()
         recorder.clear()
         attribute(trace, sites.spans)  # backward kernels: the line of the .backward() call
@@ -416,6 +427,7 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
         graph_breaks=[{"location": b.location, "reason": b.reason} for b in capture.graph_breaks()
                       if b.count > break_marks.get(id(b), 0)],
         error=None if error is None else f"{type(error).__name__}: {error}", memory_snapshot=snapshot,
+        plan_checks=checks1[0] - checks0[0], plan_check_wait_ns=checks1[1] - checks0[1],
     )
     return res, value, error
 
@@ -438,6 +450,7 @@ class Watch:
         self._extra = {"kernel": 0, "dma": 0, "sync": 0}
         self._waits: list[Any] = []
         self._suspended = False
+        self._checks = (0, 0)  # _plan_check_waits() when the cell started
         self.last: WatchLine | None = None
 
     def _count_into(self, trace: Any, counts: dict[str, int]) -> None:
@@ -498,6 +511,7 @@ class Watch:
         self._waits = []
         self._breaks = sum(b.count for b in capture.graph_breaks())
         self._mem = _memory_now()
+        self._checks = _plan_check_waits()
         if self._owns_recorder:  # still ours (turned on by %neuron_watch earlier in this cell)
             recorder.clear()
             return
@@ -537,8 +551,10 @@ class Watch:
         mem = _memory_now()
         changed = any(mem.get(d) != self._mem.get(d) for d in set(mem) | set(self._mem))
         shown = {d: v for d, v in mem.items() if v != (0, 0)}
+        checks = _plan_check_waits()
         self.last = WatchLine(cell=cell, kernels=counts["kernel"], transfers=counts["dma"], syncs=counts["sync"],
                               new_signatures=new, graph_breaks=max(breaks, 0), memory=shown,
                               memory_changed=changed, host_wait_ns=waits["wait_ns"],
-                              wait_lines=waits["by_location"])
+                              wait_lines=waits["by_location"], plan_checks=checks[0] - self._checks[0],
+                              plan_check_wait_ns=checks[1] - self._checks[1])
         return self.last

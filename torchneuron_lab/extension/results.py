@@ -467,6 +467,9 @@ class ProfileResult(_Rich):
         graph_breaks: graph breaks recorded during the cell (dicts).
         error: the cell's exception as ``'TypeError: ...'``, or None.
         exported: path of the Chrome trace written with ``--export``, or None.
+        plan_checks: first launches of new op signatures the emulator checked on the host during the cell.
+        plan_check_wait_ns: the host's time waiting for the stream in those checks: the emulator's own cost,
+            not a sync of the program (no event; not in the host waits above), shown apart.
     """
 
     trace: Any
@@ -478,6 +481,8 @@ class ProfileResult(_Rich):
     error: str | None = None
     exported: str | None = None
     memory_snapshot: dict[str, Any] | None = None
+    plan_checks: int = 0
+    plan_check_wait_ns: int = 0
     _widgets: dict[str, Any] = field(default_factory=dict, init=False, compare=False)
 
     def timeline_figure(self, **kwargs: Any) -> Any:
@@ -588,6 +593,8 @@ class ProfileResult(_Rich):
             lines.append("compiled graphs: " + ", ".join(f"#{i}" for i in self.new_subgraphs))
         for b in self.graph_breaks:
             lines.append(f"graph break at {b['location']}: {b['reason']}")
+        if self.plan_check_wait_ns >= _PLAN_CHECK_SHOWN_NS:
+            lines.append(_plan_check_text(self.plan_checks, self.plan_check_wait_ns))
         if self.trace.dropped:
             lines.append(f"{self.trace.dropped} events dropped (ring buffer full): the trace is incomplete")
         if self.exported:
@@ -637,6 +644,16 @@ class ProfileResult(_Rich):
         return "".join(parts)
 
 
+# The emulator's plan checks are shown when they cost the host this much (a check of an idle stream is free).
+_PLAN_CHECK_SHOWN_NS = 100_000
+
+
+def _plan_check_text(n: int, ns: int) -> str:
+    return (f"the emulator also held the host {fmt_ns(ns)} at {n} first launch{'es' * (n != 1)} of new op "
+            f"signatures (each checks its plan on the host after the queue drains; the emulator's cost, "
+            f"not a sync of the program; once per signature)")
+
+
 # --------------------------------------------------------------------------- %neuron_watch
 
 
@@ -654,6 +671,8 @@ class WatchLine(_Rich):
     memory_changed: bool = False
     host_wait_ns: int = 0  # time the host waited at the syncs
     wait_lines: list[dict[str, Any]] = field(default_factory=list)  # host_waits()' rows: the lines that waited
+    plan_checks: int = 0  # first launches the emulator checked on the host (ProfileResult.plan_checks)
+    plan_check_wait_ns: int = 0  # the host's time waiting in them
 
     @property
     def eventful(self) -> bool:
@@ -673,6 +692,10 @@ class WatchLine(_Rich):
                              + (" at " + "; ".join(_wait_line(r) for r in self.wait_lines) if self.wait_lines else ""))
         if self.graph_breaks:
             parts.append(f"{self.graph_breaks} graph breaks")
+        if self.plan_check_wait_ns >= _PLAN_CHECK_SHOWN_NS:
+            n = self.plan_checks
+            parts.append(f"emulator first-launch checks held the host {fmt_ns(self.plan_check_wait_ns)} "
+                         f"({n} new signature{'s' * (n != 1)}; not program syncs)")
         mem = ", ".join(f"neuron:{d} {fmt_bytes(c)} (peak {fmt_bytes(p)})" for d, (c, p) in self.memory.items())
         where = f"[neuron] cell [{self.cell}]: " if self.cell is not None else "[neuron] "
         return where + ", ".join(parts) + (f" | {mem}" if mem else "")

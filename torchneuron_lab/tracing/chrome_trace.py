@@ -406,21 +406,39 @@ def write_chrome_trace(
     The trace is validated before anything is written. Returns the path written.
     """
     trace = to_chrome_trace(events, metadata, relative=relative)
+    p = Path(path)
     gc_was = gc.isenabled()
     gc.disable()
+    # Written next to the target and renamed into place: an invalid trace leaves no file (or the old one).
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         validate_chrome_trace(trace, check_json=False)
-        try:  # serialised once: the strict-JSON check is this dump
-            data = json.dumps(trace, allow_nan=False, separators=(",", ":")).encode("utf-8")
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"invalid Chrome trace (1 problem(s)):\n  not JSON-serialisable: {exc}") from None
+        with (gzip.open(tmp, "wb") if p.suffix == ".gz" else open(tmp, "wb")) as fh:
+            _dump_in_chunks(trace, fh)
+        os.replace(tmp, p)
+    except (TypeError, ValueError) as exc:  # the strict-JSON check is this dump
+        raise ValueError(f"invalid Chrome trace (1 problem(s)):\n  not JSON-serialisable: {exc}") from None
     finally:
+        tmp.unlink(missing_ok=True)
         if gc_was:
             gc.enable()
-    p = Path(path)
-    if p.suffix == ".gz":
-        with gzip.open(p, "wb") as fh:
-            fh.write(data)
-    else:
-        p.write_bytes(data)
     return p
+
+
+# Events serialised per chunk: a 1M-event trace as one string was ~870 MB, then as many bytes again.
+_CHUNK_EVENTS = 20_000
+
+
+def _dump_in_chunks(trace: dict[str, Any], fh: Any, chunk: int | None = None) -> None:
+    """``json.dumps(trace)`` (compact, strict) written to ``fh`` a slice of ``traceEvents`` at a time."""
+    n = chunk or _CHUNK_EVENTS
+    events = trace["traceEvents"]
+    rest = {k: v for k, v in trace.items() if k != "traceEvents"}
+    fh.write(b'{"traceEvents":[')
+    for i in range(0, len(events), n):
+        text = json.dumps(events[i:i + n], allow_nan=False, separators=(",", ":"))
+        if i:
+            fh.write(b",")
+        fh.write(text[1:-1].encode("utf-8"))
+    tail = json.dumps(rest, allow_nan=False, separators=(",", ":"))
+    fh.write(b"]" + (b"," + tail[1:].encode("utf-8") if rest else b"}"))

@@ -3,6 +3,7 @@
 #include "neuron.h"
 
 #include <torch/csrc/Generator.h>
+#include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/extension.h>
 
@@ -451,6 +452,22 @@ void init_module(py::module& m) {
   const int routed = route_composites_to_fallback();
   m.attr("routed_composite_ops") = routed;
   m.attr("foreach_launch_ops") = route_foreach_to_launch();
+  // At exit (neuron_module._release_autograd_device_threads): a backward on `device` from C++ tensors (no
+  // Python objects anywhere in its graph task), twice: autograd's device thread runs its tasks in order, so
+  // when the second returns, every graph task queued before the first (a failed backward's) was released
+  // while Python could still take the GIL, and the first one's too.
+  m.def("release_autograd_device_thread", [](int device) {
+    check_device_index(device);
+    py::gil_scoped_release no_gil;
+    for (int i = 0; i < 2; ++i) {
+      at::Tensor x = at::zeros({}, at::TensorOptions().device(c10::Device(kNeuron, device))).requires_grad_(true);
+      torch::autograd::backward({x.mul(1)});
+    }
+  });
+  m.def("plan_check_waits", [] {
+    const auto [n, ns] = plan_check_waits();
+    return py::make_tuple(n, ns);
+  });
   m.def("launch_path_counts", [] {
     py::dict d;
     for (const auto& [k, v] : launch_path_counts()) d[py::str(k)] = v;

@@ -63,6 +63,7 @@ namespace {
 // (counted among the queued too) a new key launched unchecked because its structure is trusted.
 enum LaunchPath { kQueued, kFast, kForeach, kPlanCheck, kHostWait, kHostNow, kTrusted, kNumPaths };
 std::array<std::atomic<uint64_t>, kNumPaths> g_paths{};
+std::atomic<int64_t> g_plan_check_wait_ns{0};  // host time in plan checks' waits for the stream (all devices)
 inline void count_path(LaunchPath p) { g_paths[p].fetch_add(1, std::memory_order_relaxed); }
 
 // ------------------------------------------------------------------------------------------------
@@ -342,6 +343,19 @@ at::Tensor cpu_alias(const at::Tensor& t) {
                                                   redirect_cpu_allocator(), ns->resizable());
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(std::move(st)),
                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
+  impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  if (t.is_conj()) impl->_set_conj(true);
+  if (t.is_neg()) impl->_set_neg(true);
+  return at::Tensor(std::move(impl));
+}
+
+// A host tensor as a queued copy holds it: a new TensorImpl on the same storage (kept alive) with the
+// launch's sizes, strides and offset. Holding the user's own TensorImpl, a copy read or wrote whatever the
+// tensor was when it ran: `p.t_()` after `x.copy_(p, non_blocking=True)` transposed what arrived, and
+// `h.set_(other)` after a device-to-host copy into `h` made it write into `other`'s memory.
+at::Tensor host_alias(const at::Tensor& t) {
+  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                                   t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   if (t.is_conj()) impl->_set_conj(true);
   if (t.is_neg()) impl->_set_neg(true);
@@ -665,6 +679,20 @@ void note_structure(const std::vector<int64_t>& skey, bool matched) {
   else r.differed = true;
 }
 
+// The value of a 0-dim integer (or bool) CPU tensor argument -- a Python int as a wrapped number (`x // 0`),
+// `torch.tensor(0)` -- which a plan key keeps, as it keeps integer Scalars' values (key_number): CPU kernels
+// check such values at run time where Meta kernels do not (integer division by zero), and the check runs at
+// a key's first launch, on the host, raising at the call. Keyed by type only, `x // 0` after `x // 2` reused
+// the plan, was queued, and raised at the next sync. Raw bits, zero-extended: distinct values, distinct keys.
+std::optional<int64_t> cpu_integer_value(const at::Tensor& t) {
+  if (!t.is_cpu() || t.dim() != 0 || !c10::isIntegralType(t.scalar_type(), /*includeBool=*/true) ||
+      t.element_size() > 8)
+    return std::nullopt;
+  int64_t v = 0;
+  std::memcpy(&v, t.const_data_ptr(), t.element_size());
+  return v;
+}
+
 void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& k, bool abstract = false) {
   if (!t.defined()) {
     k.push_back(-1);
@@ -705,6 +733,9 @@ void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& 
                 (t.unsafeGetTensorImpl()->is_wrapped_number() ? 8 : 0));
     if (group >= 0)
       k.push_back(static_cast<int64_t>(cs.ins[group].nbytes) == t.numel() * static_cast<int64_t>(t.element_size()));
+    // an integer value whose low byte is zero may be a zero divisor in the op's dtype: never trusted from
+    // structures confirmed with other values (see cpu_integer_value)
+    if (const auto v = cpu_integer_value(t)) k.push_back((*v & 0xFF) == 0 ? 1 : 0);
     return;
   }
   for (int64_t v : t.sizes()) k.push_back(v);
@@ -713,6 +744,7 @@ void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& 
   k.push_back((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0) | (t._is_zerotensor() ? 4 : 0) |
               (t.unsafeGetTensorImpl()->is_wrapped_number() ? 8 : 0));
   if (group >= 0) k.push_back(static_cast<int64_t>(cs.ins[group].nbytes));
+  if (const auto v = cpu_integer_value(t)) k.push_back(*v);
 }
 
 // A Scalar argument in a plan key: its type goes to the key `k`; the value's bits go to `vals` when the value
@@ -1530,7 +1562,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     } else if (!meta.view_only && pending.plan) {
       count_path(kPlanCheck);
       const int st = current_stream(cs.device);
+      const int64_t w0 = now_ns();
       wait_position_quiet(cs.device, st, stream_enqueued(cs.device, st));
+      // not an event (not a sync of the program), but time the host lost: the lab reports it apart
+      g_plan_check_wait_ns.fetch_add(now_ns() - w0, std::memory_order_relaxed);
       raise_async_error(cs.device);
     } else if (!meta.view_only) {
       count_path(kHostWait);
@@ -1810,8 +1845,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   const bool overlapping = src_n && dst_n && self.storage().unsafeGetStorageImpl() == dst.storage().unsafeGetStorageImpl();
   const bool cross = src_n && dst_n && self.device() != dst.device();
   const int src_dev = cross ? self.device().index() : -1;
-  const bool async =
-      worker_stream() < 0 && !launch_blocking() && !overlapping && ((src_n && dst_n) || non_blocking);
+  // A device-to-host copy into pageable memory is synchronous even with non_blocking=True, as CUDA's
+  // cudaMemcpyAsync to pageable memory returns once the copy is done: the caller may read it at once.
+  const bool async = worker_stream() < 0 && !launch_blocking() && !overlapping &&
+                     ((src_n && dst_n) || (non_blocking && (dst_n || is_pinned_host_ptr(dst.data_ptr()))));
   if (cross && !async)
     synchronize_stream(src_dev, current_stream(src_dev), "sync: device→device copy");
   if (async) {
@@ -1825,7 +1862,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     // and what meta twins cannot see: a destination whose elements share memory (`expand(...).copy_`),
     // CPU's error at the call
     at::assert_no_internal_overlap(d);
-    if (!src_n && !is_pinned_host_ptr(self.data_ptr())) s = self.clone();  // staged now
+    if (!src_n) s = is_pinned_host_ptr(self.data_ptr()) ? host_alias(self) : self.clone();  // pinned: read by the DMA; else staged now
+    if (!dst_n) d = host_alias(dst);  // pinned (else not async): written by the DMA
     const bool rec = recording();
     const int64_t bytes = nbytes_of(dst);
     Work w;
@@ -2541,7 +2579,15 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
 #undef TNL_PROMOTE
 }
 
+// conj_physical_ has only a composite kernel, which calls the device's DispatchStub (none for neuron: an
+// internal assert for complex tensors); the out= form is a plain kernel, and in place is out= self.
+at::Tensor& conj_physical_inplace(at::Tensor& self) {
+  if (!self.is_complex()) return self;
+  return at::conj_physical_out(self, self);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("conj_physical_", conj_physical_inplace);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);
   m.impl("_efficientzerotensor", efficientzerotensor);
@@ -2627,6 +2673,10 @@ int route_composites_to_fallback() {
       [] { return torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>(); });
 }
 
+
+std::pair<uint64_t, int64_t> plan_check_waits() {
+  return {g_paths[kPlanCheck].load(std::memory_order_relaxed), g_plan_check_wait_ns.load(std::memory_order_relaxed)};
+}
 
 std::vector<std::pair<std::string, uint64_t>> launch_path_counts() {
   static const char* names[kNumPaths] = {"queued",    "fast",     "foreach", "plan_check",

@@ -306,5 +306,8 @@ int route_composites_to_fallback();
 int route_foreach_to_launch();  // kernels.cpp: one launch per `_foreach_*` op
 // kernels.cpp: launches per path since start (queued, fast, foreach, plan_check, host_wait, host_now)
 std::vector<std::pair<std::string, uint64_t>> launch_path_counts();
+// Plans checked on the host at their first launch, and the host time their waits for the stream took (the
+// emulator's own cost, not a sync of the program: kernels.cpp, "Plans are checked against the CPU kernel").
+std::pair<uint64_t, int64_t> plan_check_waits();
 
 }  // namespace tnl

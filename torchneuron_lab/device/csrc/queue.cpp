@@ -16,6 +16,7 @@
 
 #include <Python.h>
 #include <torch/csrc/Exceptions.h>
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
 #include <dlfcn.h>
@@ -392,6 +393,11 @@ void worker_main(StreamQueue* s) {
   tls_worker_stream = s->id;
   set_current_device(s->device);
   tls_stream[s->device] = s->id;
+  // A device runs kernels: autograd and version counting happened on the host when the op was called. Its
+  // CPU kernels write CPU aliases made by the launching thread, which are inference tensors when that thread
+  // was in torch.inference_mode(); through ADInplaceOrView on this thread (not in inference mode) every
+  // in-place write raised "Inplace update to inference tensor outside InferenceMode" (addmm.out, copy_).
+  at::AutoDispatchBelowADInplaceOrView below_autograd;
   DeviceQueues& dq = queues_of(s->device);
   std::vector<Work> batch;
   batch.reserve(kWorkerBatch);
