@@ -12,9 +12,9 @@ import warnings
 
 import pytest
 import torch
+from _neuron_child import run_child
 
 import torchneuron_lab  # noqa: F401
-from _neuron_child import run_child
 
 N = torch.neuron
 

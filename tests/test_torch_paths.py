@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from _neuron_child import run_child
 from torch.utils.checkpoint import checkpoint
 
 import torchneuron_lab  # noqa: F401  (registers the device)
-from _neuron_child import run_child
 
 
 @pytest.mark.parametrize("use_reentrant", [False, True])
@@ -306,8 +306,9 @@ def test_torch_compile_default_backend_on_neuron_tensors_runs_the_neuron_backend
 
 
 def test_dynamo_device_interface_streams_are_torch_neuron_streams() -> None:
-    import torchneuron_lab.compiler  # noqa: F401
     from torch._dynamo.device_interface import get_interface_for_device
+
+    import torchneuron_lab.compiler  # noqa: F401
 
     di = get_interface_for_device("neuron")
     s = torch.neuron.Stream()

@@ -31,24 +31,24 @@ __all__ = [
     "get_per_process_memory_fraction",
     "host_memory_stats",
     "host_memory_stats_as_nested_dict",
-    "max_memory_cached",
-    "memory_cached",
-    "reset_accumulated_host_memory_stats",
-    "reset_max_memory_cached",
-    "reset_peak_host_memory_stats",
-    "set_per_process_memory_fraction",
     "max_memory_allocated",
+    "max_memory_cached",
     "max_memory_reserved",
     "mem_get_info",
     "memory_allocated",
+    "memory_cached",
     "memory_reserved",
     "memory_snapshot",
     "memory_stats",
     "memory_stats_as_nested_dict",
     "memory_summary",
+    "reset_accumulated_host_memory_stats",
     "reset_accumulated_memory_stats",
     "reset_max_memory_allocated",
+    "reset_max_memory_cached",
+    "reset_peak_host_memory_stats",
     "reset_peak_memory_stats",
+    "set_per_process_memory_fraction",
 ]
 
 DEVICE_TYPE = "neuron"
@@ -177,7 +177,7 @@ def _device_index(device: Device = None) -> int:
         index = device.index
     elif type(device).__name__ == "device" and type(device).__module__.startswith("torchneuron_lab"):
         index = None if device.idx < 0 else device.idx  # torch.neuron.device(...): its index
-    else:
+    else:  # a ValueError, as torch.cuda's _get_device_index raises for a non-device
         raise ValueError(
             f"Expected a {DEVICE_TYPE} device (None, int, str or torch.device), "
             f"got {device!r} of type {type(device).__name__}"
@@ -572,7 +572,7 @@ def _record_memory_history_impl(
             signature compatibility; only their default values are supported.
     """
     if isinstance(enabled, bool):
-        raise AssertionError("unreachable: handled by _record_memory_history")  # pragma: no cover
+        raise TypeError("a bool `enabled` is the older form: call _record_memory_history(enabled, ...)")
     if enabled is not None and enabled not in _HISTORY_ENABLED:
         raise ValueError(f"enabled must be None, 'state' or 'all', got {enabled!r}")
     if context is not None and context not in _HISTORY_CONTEXT:

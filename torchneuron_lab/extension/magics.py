@@ -170,14 +170,14 @@ class NeuronMagics(Magics):
         filename = self._cell_filename(text)
         from ..compiler.capture import quiet_dynamo
 
-        __tracebackhide__ = True  # noqa: F841
+        __tracebackhide__ = True
         try:
             with quiet_dynamo() as dyn:  # Dynamo's own "Graph break" warnings: the table says the same
                 res = helpers.graph_breaks(code, first, filename, self.shell.user_ns)
         except helpers.LabInputError as e:
             raise _usage(self.neuron_graph_breaks, str(e)) from None
-        except Exception as e:  # the user's statement raised: its own frames only, as %%neuron_profile
-            raise e.with_traceback(_user_traceback(e.__traceback__, filename))  # noqa: B904
+        except Exception as e:  # noqa: BLE001 - the user's statement raised: its own frames only, as %%neuron_profile
+            raise e.with_traceback(_user_traceback(e.__traceback__, filename))
         res.dynamo_log = dyn.text
         return _show(res, args)
 

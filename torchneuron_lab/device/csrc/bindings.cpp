@@ -326,7 +326,8 @@ py::object last_oom_py(int device) {
 
 }  // namespace
 
-py::dict stat_py(const Stat& s) {
+template <typename S>  // the allocator's Stat and c10's (pinned memory)
+py::dict stat_py(const S& s) {
   py::dict d;
   d["current"] = s.current;
   d["peak"] = s.peak;
@@ -595,14 +596,6 @@ void init_module(py::module& m) {
   m.def("raw_delete", &raw_delete, py::arg("ptr"));
   m.def("host_memory_stats", [] {
     const at::HostStats st = g_pinned_allocator.get_stats();
-    auto stat = [](const c10::CachingAllocator::Stat& s) {
-      py::dict d;
-      d["current"] = s.current;
-      d["peak"] = s.peak;
-      d["allocated"] = s.allocated;
-      d["freed"] = s.freed;
-      return d;
-    };
     auto duration = [](const c10::CachingAllocator::DurationStat& s) {
       py::dict d;
       d["total"] = s.total;
@@ -613,10 +606,10 @@ void init_module(py::module& m) {
       return d;
     };
     py::dict r;
-    r["active_requests"] = stat(st.active_requests);
-    r["active_bytes"] = stat(st.active_bytes);
-    r["allocations"] = stat(st.allocations);
-    r["allocated_bytes"] = stat(st.allocated_bytes);
+    r["active_requests"] = stat_py(st.active_requests);
+    r["active_bytes"] = stat_py(st.active_bytes);
+    r["allocations"] = stat_py(st.allocations);
+    r["allocated_bytes"] = stat_py(st.allocated_bytes);
     r["host_alloc_time"] = duration(st.host_alloc_time);
     r["host_free_time"] = duration(st.host_free_time);
     r["num_host_alloc"] = st.num_host_alloc;
