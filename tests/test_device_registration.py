@@ -136,7 +136,8 @@ def test_is_available_and_device_properties() -> None:
     assert props["total_memory"] == neuron_device.current_config()["hbm_bytes"]
     assert props["emulated"] is True
     assert props["profile"] == neuron_device.current_config()["profile"]
-    assert torch.neuron.get_amp_supported_dtype() == [torch.bfloat16, torch.float16]
+    # float32 too: torch.autocast("neuron", dtype=torch.float32) runs (casts nothing), as CUDA's autocast
+    assert torch.neuron.get_amp_supported_dtype() == [torch.bfloat16, torch.float16, torch.float32]
 
 
 # --------------------------------------------------------------------------- torch.accelerator
