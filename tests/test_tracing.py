@@ -358,6 +358,30 @@ def test_write_chrome_trace_in_chunks_is_the_same_json(tmp_path: Path, trace: Tr
                                                                             n_events + 5)] + ["empty.json"])
 
 
+def test_write_chrome_trace_through_a_symlink_with_the_umask_and_the_gzip_name(
+        tmp_path: Path, trace: Trace, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torchneuron_lab.tracing.chrome_trace as ct
+
+    real = tmp_path / "real.json"
+    real.write_text("old")
+    link = tmp_path / "link.json"
+    link.symlink_to(real)
+    write_chrome_trace(link, trace)
+    assert link.is_symlink() and json.loads(real.read_text())["traceEvents"]  # written through the link
+    new = write_chrome_trace(tmp_path / "new.json", trace)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert new.stat().st_mode & 0o777 == 0o666 & ~umask  # not the temporary file's 0600
+    gz = write_chrome_trace(tmp_path / "t.json.gz", trace)
+    raw = gz.read_bytes()
+    assert raw[3] & 0x08 and raw[10:].split(b"\0", 1)[0] == b"t.json"  # FNAME: the target's name
+    monkeypatch.setattr(ct, "to_chrome_trace", lambda *a, **k: {"traceEvents": [{"ph": "Q", "name": "x"}]})
+    with pytest.raises(ValueError) as info:
+        write_chrome_trace(tmp_path / "bad.json", trace)
+    assert "invalid Chrome trace" in str(info.value) and "not JSON-serialisable" not in str(info.value)
+    assert not (tmp_path / "bad.json").exists()
+
+
 def test_write_chrome_trace_that_fails_leaves_the_old_file(tmp_path: Path, trace: Trace) -> None:
     target = tmp_path / "trace.json"
     target.write_text("old")

@@ -175,8 +175,8 @@ def _device_index(device: Device = None) -> int:
         if device.type != DEVICE_TYPE:
             raise ValueError(f"Expected a {DEVICE_TYPE} device, got {device!r} (device type {device.type!r})")
         index = device.index
-    elif type(device).__name__ == "device" and type(device).__module__.startswith("torchneuron_lab"):
-        index = None if device.idx < 0 else device.idx  # torch.neuron.device(...): its index
+    elif type(device).__module__.startswith("torchneuron_lab") and isinstance(getattr(device, "idx", None), int):
+        index = None if device.idx < 0 else device.idx  # torch.neuron.device(...) / device_of(...): its index
     else:  # a ValueError, as torch.cuda's _get_device_index raises for a non-device
         raise ValueError(
             f"Expected a {DEVICE_TYPE} device (None, int, str or torch.device), "
@@ -618,7 +618,8 @@ def _record_memory_history_legacy(
     ``record_context``, and an alloc/free trace of ``trace_alloc_max_entries`` entries when that is
     more than 1 (the default 1: state only)."""
     if not enabled:
-        _record_memory_history_impl(None, device=device)
+        _record_memory_history_impl(None, device=device, clear_history=clear_history, compile_context=compile_context,
+                                    global_record_annotations=global_record_annotations, skip_actions=skip_actions)
         return
     _record_memory_history_impl(
         "all" if trace_alloc_max_entries > 1 else "state",
@@ -672,8 +673,9 @@ def memory_snapshot(
 
     Every device's segments by default; ``device=`` keeps only that device's (so does a device given in
     the first place, this function's older form: an int, str or torch.device is never a pool id). There
-    are no private pools (``MemPool``): a pool id raises ``NotImplementedError``.
-    ``include_traces=False`` drops each segment's and block's allocation stack (``frames``).
+    are no private pools (``MemPool``): the default pool's id ``(0, 0)`` is ``None``, another raises
+    ``NotImplementedError``. ``include_traces`` is accepted as CUDA's: it concerns the history
+    (``device_traces``), which this list of segments does not hold.
     """
     if isinstance(mempool_id, (int, str, torch.device)) and not isinstance(mempool_id, bool):
         if device is not None:
@@ -682,16 +684,12 @@ def memory_snapshot(
     if mempool_id is not None:
         if not isinstance(mempool_id, tuple):
             raise TypeError(f"memory_snapshot(mempool_id=...) takes a memory pool id (a tuple), got {mempool_id!r}")
-        raise NotImplementedError(f"the {DEVICE_TYPE} allocator has no private memory pools (MemPool)")
+        if tuple(mempool_id) != (0, 0):
+            raise NotImplementedError(f"the {DEVICE_TYPE} allocator has no private memory pools (MemPool)")
     index = None if device is None else _device_index(device)
     segments = _snapshot()["segments"]
     if index is not None:
         segments = [seg for seg in segments if seg["device"] == index]
-    if not include_traces:
-        segments = [
-            {**seg, "frames": [], "blocks": [{**b, "frames": []} for b in seg["blocks"]]}  # type: ignore[misc]
-            for seg in segments
-        ]
     return segments
 
 

@@ -35,6 +35,7 @@ import gzip
 import json
 import math
 import os
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -409,20 +410,49 @@ def write_chrome_trace(
     p = Path(path)
     gc_was = gc.isenabled()
     gc.disable()
-    # Written next to the target and renamed into place: an invalid trace leaves no file (or the old one).
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
     try:
         validate_chrome_trace(trace, check_json=False)
-        with (gzip.open(tmp, "wb") if p.suffix == ".gz" else open(tmp, "wb")) as fh:
-            _dump_in_chunks(trace, fh)
-        os.replace(tmp, p)
-    except (TypeError, ValueError) as exc:  # the strict-JSON check is this dump
-        raise ValueError(f"invalid Chrome trace (1 problem(s)):\n  not JSON-serialisable: {exc}") from None
+        # A regular file (or a new one) is written next to itself and renamed into place: an invalid trace
+        # leaves no file, or the old one. Anything else (a symlink, /dev/stdout, a FIFO) is written directly.
+        direct = p.is_symlink() or (p.exists() and not p.is_file())
+        tmp: Path | None = None
+        if direct:
+            raw = open(p, "wb")  # noqa: SIM115 - closed below
+        else:
+            fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+            tmp, raw = Path(name), os.fdopen(fd, "wb")
+        try:
+            with raw:
+                if p.suffix == ".gz":  # the header names the target, not the temporary file
+                    with gzip.GzipFile(filename=p.name[:-3], mode="wb", fileobj=raw) as gz:
+                        _dump_in_chunks(trace, gz)
+                else:
+                    _dump_in_chunks(trace, raw)
+            if tmp is not None:
+                os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o666 & ~_umask())  # not mkstemp's 0600
+                os.replace(tmp, p)
+                tmp = None
+        except (TypeError, ValueError) as exc:  # the strict-JSON check is this dump
+            raise ValueError(f"invalid Chrome trace (1 problem(s)):\n  not JSON-serialisable: {exc}") from None
+        finally:
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
     finally:
-        tmp.unlink(missing_ok=True)
         if gc_was:
             gc.enable()
     return p
+
+
+def _umask() -> int:
+    """This process's umask, read without changing it (os.umask sets it, racing other threads)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
 
 
 # Events serialised per chunk: a 1M-event trace as one string was ~870 MB, then as many bytes again.

@@ -849,13 +849,19 @@ PinnedHostAllocator g_pinned_allocator;
 
 std::atomic<bool> g_bad_fork{false};
 
+std::mutex g_raw_mu;  // after the allocators' locks in the fork handlers (never held while taking them)
+// leaked: blocks never deleted must not be freed by a static destructor after the interpreter has gone
+auto& g_raw_blocks = *new std::unordered_map<uintptr_t, c10::DataPtr>();
+
 void fork_prepare() {
   g_devices_mu.lock();
   for (int d = 0; d < 64; ++d)
     if (DeviceAllocator* a = peek_device(d)) a->fork_lock();
   g_pinned_mu.lock();
+  g_raw_mu.lock();
 }
 void fork_parent() {
+  g_raw_mu.unlock();
   g_pinned_mu.unlock();
   for (int d = 63; d >= 0; --d)
     if (DeviceAllocator* a = peek_device(d)) a->fork_unlock();
@@ -900,8 +906,6 @@ c10::DataPtr allocate_on(int device, size_t nbytes) { return get_device(device)-
 
 // torch.neuron.caching_allocator_alloc / caching_allocator_delete (torch.cuda's raw allocation API): a
 // block of the caching allocator handed out as an address, ordered on `stream`, held here until deleted.
-std::mutex g_raw_mu;
-std::unordered_map<uintptr_t, c10::DataPtr> g_raw_blocks;
 uintptr_t raw_alloc(size_t nbytes, int device, int stream) {
   check_device_index(device);
   check_stream(device, stream);

@@ -4,6 +4,7 @@
 
 #include <torch/csrc/Generator.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <thread>
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/extension.h>
 
@@ -454,15 +455,20 @@ void init_module(py::module& m) {
   m.attr("routed_composite_ops") = routed;
   m.attr("foreach_launch_ops") = route_foreach_to_launch();
   // At exit (neuron_module._release_autograd_device_threads): a backward on `device` from C++ tensors (no
-  // Python objects anywhere in its graph task), twice: autograd's device thread runs its tasks in order, so
-  // when the second returns, every graph task queued before the first (a failed backward's) was released
-  // while Python could still take the GIL, and the first one's too.
+  // Python objects anywhere in its graph task), twice. Autograd's device thread is one thread: the task it was
+  // running when a backward failed (holding that graph task) ends before this one's runs. Tasks of the failed
+  // graph still queued have older sequence numbers, so they run (are skipped) after these; the pause lets the
+  // thread drain them while Python can still take the GIL. Grad mode on, inference mode off: a script that
+  // turned grad off globally would give `x * 1` no graph.
   m.def("release_autograd_device_thread", [](int device) {
     check_device_index(device);
     py::gil_scoped_release no_gil;
+    at::AutoGradMode grad(true);
+    c10::InferenceMode no_inference(false);
     for (int i = 0; i < 2; ++i) {
       at::Tensor x = at::zeros({}, at::TensorOptions().device(c10::Device(kNeuron, device))).requires_grad_(true);
       torch::autograd::backward({x.mul(1)});
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
   });
   m.def("plan_check_waits", [] {

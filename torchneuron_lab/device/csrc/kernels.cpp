@@ -685,8 +685,8 @@ void note_structure(const std::vector<int64_t>& skey, bool matched) {
 // a key's first launch, on the host, raising at the call. Keyed by type only, `x // 0` after `x // 2` reused
 // the plan, was queued, and raised at the next sync. Raw bits, zero-extended: distinct values, distinct keys.
 std::optional<int64_t> cpu_integer_value(const at::Tensor& t) {
-  if (!t.is_cpu() || t.dim() != 0 || !c10::isIntegralType(t.scalar_type(), /*includeBool=*/true) ||
-      t.element_size() > 8)
+  if (!t.is_cpu() || t.dim() != 0 || t.layout() != at::kStrided || t._is_zerotensor() ||
+      !c10::isIntegralType(t.scalar_type(), /*includeBool=*/true) || t.element_size() > 8)
     return std::nullopt;
   int64_t v = 0;
   std::memcpy(&v, t.const_data_ptr(), t.element_size());
