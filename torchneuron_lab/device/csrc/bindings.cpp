@@ -567,27 +567,18 @@ void init_module(py::module& m) {
   m.def("now_ns", &now_ns);
 
   m.def("memory_stats", &stats_dict);
-  m.def("reset_peak_stats", [](int d) {
-    check_device_index(d);
-    if (auto* a = peek_device(d)) a->reset_peak();
-  });
-  m.def("reset_accumulated_stats", [](int d) {
-    check_device_index(d);
-    if (auto* a = peek_device(d)) a->reset_accumulated();
-  });
-  m.def("empty_cache", []() {
-    for (int d = 0; d < device_count(); ++d)
-      if (auto* a = peek_device(d)) a->empty_cache();
-  });
+  // the same entry points torch.accelerator reaches (allocator.cpp, NeuronAllocator: c10::DeviceAllocator)
+  m.def("reset_peak_stats", [](int d) { g_neuron_allocator.resetPeakStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def("reset_accumulated_stats",
+        [](int d) { g_neuron_allocator.resetAccumulatedStats(static_cast<c10::DeviceIndex>(d)); });
+  m.def("empty_cache", []() { g_neuron_allocator.emptyCache({0, 0}); });
   m.def("capacity", [](int d) {
     check_device_index(d);
     return config().hbm_bytes;
   });
   m.def("mem_get_info", [](int d) {
-    check_device_index(d);
-    DeviceAllocator* a = peek_device(d);
-    const int64_t reserved = a ? a->reserved() : 0;
-    return py::make_tuple(config().hbm_bytes - reserved, config().hbm_bytes);
+    const auto [free, total] = g_neuron_allocator.getMemoryInfo(static_cast<c10::DeviceIndex>(d));
+    return py::make_tuple(static_cast<int64_t>(free), static_cast<int64_t>(total));
   });
   m.def("set_memory_fraction", [](double fraction, int d) {
     check_device_index(d);
