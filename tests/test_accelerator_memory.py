@@ -246,3 +246,41 @@ def test_sparse_embedding_bag_gradient_names_the_limitation() -> None:
     with pytest.raises(NotImplementedError, match="neuron tensors must be dense and strided.*_embedding_bag_backward"):
         eb(torch.tensor([[1, 2]], device="neuron")).sum().backward()
     assert (torch.ones(2, device="neuron") + 1).tolist() == [2.0, 2.0]  # usable after
+
+
+def test_a_child_forked_while_kernels_are_queued_raises_at_once_instead_of_waiting_for_them() -> None:
+    # the child inherited queue positions no worker would ever complete: synchronize, get_rng_state,
+    # manual_seed (a DataLoader worker_init_fn) waited the whole sync timeout (600 s) before failing
+    facts = run_child("""
+        import json, os, time, torch, torchneuron_lab
+        N = torch.neuron
+        (torch.ones(4, device="neuron") + 1).cpu()
+        N._sleep(5000)  # the parent's queue is busy when it forks
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(r)
+            out = {}
+            for name, call in [("synchronize", N.synchronize),
+                               ("stream synchronize", lambda: N.current_stream().synchronize()),
+                               ("get_rng_state", N.get_rng_state),
+                               ("manual_seed", lambda: N.manual_seed(1)),
+                               ("manual_seed_all", lambda: N.manual_seed_all(1)),
+                               ("generator manual_seed", lambda: torch.Generator("neuron").manual_seed(1))]:
+                t0 = time.perf_counter()
+                try:
+                    call()
+                    what = "ok"
+                except RuntimeError as e:
+                    what = "bad fork" if "Cannot re-initialize neuron in forked subprocess" in str(e) else str(e)
+                out[name] = [what, time.perf_counter() - t0 < 1.0]
+            os.write(w, json.dumps(out).encode())
+            os._exit(0)
+        os.close(w)
+        data = os.read(r, 100000)
+        os.waitpid(pid, 0)
+        print(json.dumps(json.loads(data)))
+    """, env={"TORCHNEURON_LAB_SYNC_TIMEOUT": "20"}, timeout=120)
+    assert facts == {"synchronize": ["bad fork", True], "stream synchronize": ["bad fork", True],
+                     "get_rng_state": ["bad fork", True], "manual_seed": ["ok", True],
+                     "manual_seed_all": ["ok", True], "generator manual_seed": ["ok", True]}

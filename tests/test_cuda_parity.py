@@ -265,3 +265,56 @@ def test_sdp_choice_under_fake_tensors() -> None:
         choice = torch._fused_sdp_choice(q, q, q, attn_mask=mask)
     assert out.shape == (2, 2, 5, 8) and out.device.type == "neuron"
     assert choice == 0
+
+
+# --------------------------------------------------------------------------- 0-dim CPU operands, as CUDA's checks
+
+# CUDA registers every op of native_functions.yaml without `device_check: NoCheck` with a check that all its
+# positional tensor arguments share one device (a 0-dim CPU tensor included); TensorIterator ops are NoCheck
+# and read a 0-dim CPU tensor as a scalar. Every op took 0-dim CPU tensors here.
+_X = [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+_CHECKED = {
+    "index_select": lambda x: torch.index_select(x, 0, torch.tensor(1)),
+    "gather": lambda x: torch.gather(x[0], 0, torch.tensor(0)),
+    "cross_entropy target": lambda x: F.cross_entropy(x[0], torch.tensor(1)),
+    "nll_loss target": lambda x: F.nll_loss(x[0].log_softmax(0), torch.tensor(1)),
+    "searchsorted values": lambda x: torch.searchsorted(x[0], torch.tensor(1.5)),
+    "clamp min tensor": lambda x: torch.clamp(x, torch.tensor(1.0)),
+    "scatter_add index": lambda x: x[0].scatter_add(0, torch.tensor(0), x[0]),
+    "embedding weight": lambda x: F.embedding(torch.tensor(1, device=x.device), torch.ones(3, 2)),
+}
+_SCALAR_OK = {
+    "add": (lambda x: x + torch.tensor(2.0), lambda x: x + 2.0),
+    "where other": (lambda x: torch.where(x > 1, x, torch.tensor(-1.0)), lambda x: torch.where(x > 1, x, -1.0)),
+    "lerp weight": (lambda x: torch.lerp(x, x * 2, torch.tensor(0.5)), lambda x: torch.lerp(x, x * 2, 0.5)),
+    "masked_fill value": (lambda x: x.masked_fill(x > 2, torch.tensor(7.0)), lambda x: x.masked_fill(x > 2, 7.0)),
+    "index_put values": (lambda x: x.index_put((torch.tensor([0]),), torch.tensor(9.0)),
+                         lambda x: x.index_put((torch.tensor([0], device=x.device),), torch.tensor(9.0, device=x.device))),
+    "addcmul value": (lambda x: torch.addcmul(x, x, torch.tensor(2.0)), lambda x: torch.addcmul(x, x, x.new_tensor(2.0))),
+}
+
+
+@pytest.mark.parametrize("name", list(_CHECKED))
+def test_zero_dim_cpu_operand_of_a_device_checked_op_raises_like_cuda(name: str) -> None:
+    x = torch.tensor(_X, device="neuron")
+    with pytest.raises(RuntimeError, match=MISMATCH):
+        _CHECKED[name](x)
+
+
+@pytest.mark.parametrize("name", list(_SCALAR_OK))
+def test_zero_dim_cpu_operand_of_a_tensor_iterator_op_is_a_scalar(name: str) -> None:
+    with_cpu, reference = _SCALAR_OK[name]
+    x = torch.tensor(_X, device="neuron")
+    got = with_cpu(x)
+    assert got.device == x.device
+    assert torch.equal(got.cpu(), reference(torch.tensor(_X)))
+
+
+@pytest.mark.parametrize("mask_shape", [(), (2, 3)])
+def test_masked_fill_with_a_cpu_mask_raises_cudas_error(mask_shape: tuple[int, ...]) -> None:
+    # CUDA's masked_fill_ (NoCheck) checks its mask's device itself, whatever its dim
+    x = torch.tensor(_X, device="neuron")
+    with pytest.raises(RuntimeError, match=r"expected self and mask to be on the same device, but got mask on cpu "
+                                           r"and self on neuron:0"):
+        x.masked_fill_(torch.ones(mask_shape, dtype=torch.bool), 1.0)
+    assert x.cpu().tolist() == _X

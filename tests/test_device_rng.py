@@ -199,3 +199,48 @@ def test_native_dropout_draws_from_the_device_generator_whatever_the_cpu_seed() 
         _, mask = torch.ops.aten.native_dropout(x, 0.5, True)
         masks.append(mask.cpu())
     assert torch.equal(masks[0], masks[1]) and 1000 < int(masks[0].sum()) < 3000
+
+
+# Random draws across streams follow the launch order (CUDA reserves a launch's Philox offset when it is
+# launched). The device's engine is advanced by a kernel when it runs, so a draw launched first on a busy
+# stream and a second one on an idle stream drew in the order they ran: the second took the first numbers.
+_STREAM_DRAWS: dict[str, Callable[[torch.Generator | None, torch.Tensor], torch.Tensor]] = {
+    "uniform_(generator=g)": lambda g, t: t.uniform_(generator=g),
+    "normal_(generator=g)": lambda g, t: t.normal_(generator=g),
+    "uniform_() default generator": lambda g, t: t.uniform_(),
+    "dropout (host path)": lambda g, t: t.copy_(F.dropout(torch.ones_like(t), 0.5)),
+    "bernoulli_(0.5, generator=g)": lambda g, t: t.bernoulli_(0.5, generator=g),
+    "randperm(generator=g)": lambda g, t: t.copy_(torch.randperm(t.numel(), device=t.device, generator=g)),
+}
+
+
+@pytest.mark.parametrize("second", list(_STREAM_DRAWS))
+@pytest.mark.parametrize("first", ["uniform_(generator=g)", "uniform_() default generator"])
+def test_random_draws_on_two_streams_follow_the_launch_order(first: str, second: str) -> None:
+    def draws(device: str, busy: Callable[[], None], s1: object, s2: object,
+              ctx: Callable[[object], object]) -> tuple[list[float], list[float]]:
+        gen_dev = torch.device(device)
+        uses_g = "generator=g" in first or "generator=g" in second
+        g = torch.Generator(gen_dev).manual_seed(7) if uses_g else None
+        torch.manual_seed(7)
+        torch.neuron.manual_seed(7)
+        a = torch.empty(4096, device=device)
+        b = torch.empty(512, device=device)
+        with ctx(s1):  # type: ignore[attr-defined]
+            busy()
+            _STREAM_DRAWS[first](g, a)
+        with ctx(s2):  # type: ignore[attr-defined]
+            _STREAM_DRAWS[second](g, b)
+        if device != "cpu":
+            torch.neuron.synchronize()  # b was written on s2
+        return a.cpu().tolist(), b.cpu().tolist()
+
+    import contextlib
+
+    want = draws("cpu", lambda: None, None, None, lambda s: contextlib.nullcontext())
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
+    s2.wait_stream(torch.neuron.current_stream())
+    draws("neuron", lambda: None, s1, s2, torch.neuron.stream)  # a signature's first launch runs on the host
+    got = draws("neuron", lambda: torch.neuron._sleep(150), s1, s2, torch.neuron.stream)
+    assert got[0] == want[0]
+    assert got[1] == want[1]

@@ -860,6 +860,50 @@ def test_ctrl_c_while_a_stream_waits_for_another_devices_event() -> None:
     assert out == ["interrupted True", "usable [2.0, 2.0]"]
 
 
+@pytest.mark.parametrize("other_stream", [False, True])
+def test_ctrl_c_in_one_thread_drops_only_that_threads_queued_launches(other_stream: bool) -> None:
+    # a Ctrl-C in the main thread's wait dropped every queued kernel of the device: another thread's
+    # launches, queued behind the main thread's, never ran, and that thread read stale memory silently
+    out = _child(f"""
+        import threading
+        N = torch.neuron
+        (torch.zeros(1000, device="neuron") + 1).cpu()  # a signature's first launch runs on the host
+        N._sleep(1500)  # everything below queues behind it
+        side = N.Stream() if {other_stream} else N.default_stream()
+        if {other_stream}:
+            side.wait_stream(N.current_stream())
+        launched = threading.Event()
+        result = {{}}
+        def other():
+            with N.stream(side):
+                y = torch.zeros(1000, device="neuron")
+                for _ in range(20):
+                    y = y + 1
+            launched.set()
+            go.wait(30)
+            result["y"] = sorted(set(y.cpu().tolist()))
+        go = threading.Event()
+        t = threading.Thread(target=other)
+        t.start()
+        launched.wait(30)
+        x = torch.zeros(1000, device="neuron")
+        for _ in range(20):
+            x = x + 1
+        threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+        t0 = time.perf_counter()
+        try:
+            x.cpu()
+            say("NOT INTERRUPTED")
+        except KeyboardInterrupt:
+            say("interrupted", time.perf_counter() - t0 < 2.0)
+        go.set()
+        t.join(60)
+        say("other thread", result.get("y"))
+        say("main again", sorted(set((torch.zeros(5, device="neuron") + 3).tolist())))
+    """)
+    assert out == ["interrupted True", "other thread [20.0]", "main again [3.0]"]
+
+
 def test_streams_come_from_a_pool_per_priority_as_cudas() -> None:
     # one new stream (and worker thread) per torch.neuron.Stream() ran out after ~1000 streams
     def threads() -> int:

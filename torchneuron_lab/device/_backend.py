@@ -230,6 +230,18 @@ def _build(build_dir: Path) -> None:
     print(f"torchneuron_lab: C++ core built in {seconds:.1f} s", file=sys.stderr, flush=True)
 
 
+def _native_functions_yaml() -> str:
+    """torch's native_functions.yaml (shipped in torchgen): which ops CUDA registers with a device check."""
+    spec = importlib.util.find_spec("torchgen")
+    if spec is None or not spec.submodule_search_locations:
+        return ""
+    for loc in spec.submodule_search_locations:
+        path = Path(loc) / "packaged" / "ATen" / "native" / "native_functions.yaml"
+        if path.is_file():
+            return str(path)
+    return ""
+
+
 def lib() -> ModuleType:
     """Return the loaded C++ core, building it on first use."""
     global _lib

@@ -432,21 +432,34 @@ def _gen(device: _DeviceLike) -> torch.Generator:
     return _lib().default_generator(i)
 
 
+def _seeding_skipped() -> bool:
+    # In a child forked after the parent used the device, CUDA's seeding calls are queued for an
+    # initialisation that can never happen there (torch.cuda._lazy_call): they do nothing and raise nothing
+    # (a DataLoader worker's worker_init_fn seeds every device). Reading the state raises the bad-fork error.
+    return bool(_lib().in_bad_fork())
+
+
 def manual_seed(seed: int) -> None:
     """Seed the current neuron device's generator."""
-    _gen(None).manual_seed(int(seed))
+    if not _seeding_skipped():
+        _gen(None).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
+    if _seeding_skipped():
+        return
     for i in range(device_count()):
         _gen(i).manual_seed(int(seed))
 
 
 def seed() -> None:
-    _gen(None).seed()
+    if not _seeding_skipped():
+        _gen(None).seed()
 
 
 def seed_all() -> None:
+    if _seeding_skipped():
+        return
     for i in range(device_count()):
         _gen(i).seed()
 

@@ -451,6 +451,13 @@ void init_module(py::module& m) {
   install_redirect_cpu_allocator();
   install_profiler_stubs();
   install_backend_meta_serialization();
+  // Before any op's metadata is built (routing below builds it): which ops CUDA registers with a device check.
+  try {
+    const std::string yaml = py::str(py::module_::import("torchneuron_lab.device._backend").attr("_native_functions_yaml")());
+    if (!yaml.empty()) set_native_functions_yaml(yaml);
+  } catch (const std::exception& e) {
+    PyErr_Clear();
+  }
   const int routed = route_composites_to_fallback();
   m.attr("routed_composite_ops") = routed;
   m.attr("foreach_launch_ops") = route_foreach_to_launch();
@@ -521,7 +528,7 @@ void init_module(py::module& m) {
   m.def("stream_query", &stream_idle);
   m.def("stream_counts", [](int d, int s) { return py::make_tuple(stream_enqueued(d, s), stream_completed(d, s)); });
   // torch.cuda._sleep's counterpart for tests: a kernel that keeps the stream busy for `ms` milliseconds
-  // (it ends early if the device's queued work is dropped by Ctrl-C).
+  // (it ends early when the thread that launched it is interrupted by Ctrl-C in a wait).
   m.def("sleep", [](int d, double ms) {
     check_device_index(d);
     Work w;
@@ -531,10 +538,9 @@ void init_module(py::module& m) {
     w.launch = begin_launch(name);
     const bool rec = recording();
     w.run = [ms, d, rec, stream = w.stream](const Launch& l) {
-      const uint64_t epoch = cancel_epoch(d);
       const int64_t t0 = now_ns();
       const int64_t until = t0 + static_cast<int64_t>(ms * 1e6);
-      while (now_ns() < until && cancel_epoch(d) == epoch) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      while (now_ns() < until && !launch_dropped(l)) std::this_thread::sleep_for(std::chrono::microseconds(200));
       if (rec && recording()) {
         EventRecord ev;
         ev.kind = EventKind::Kernel;

@@ -69,6 +69,14 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   static constexpr uint64_t kMaxOffsetTwists = 1 << 16;
   static constexpr uint64_t kMaxOffset = kMaxOffsetTwists * at::MERSENNE_STATE_N;
   const at::Generator& engine() const { return engine_; }
+  // The last launch that draws from this generator, queued on a stream (random_order below).
+  struct LastDraw {
+    int device = -1;
+    int stream = 0;
+    uint64_t pos = 0;
+  };
+  std::mutex order_mu;
+  LastDraw last_draw;
   at::CPUGeneratorImpl* cpu_impl() const { return static_cast<at::CPUGeneratorImpl*>(engine_.unsafeGetGeneratorImpl()); }
 
  private:
@@ -103,6 +111,29 @@ at::Generator cpu_engine_of(const at::Generator& g) {
   TORCH_CHECK(g.device().type() == kNeuron, "Expected a 'neuron' device type for generator but found '",
               g.device().type(), "'");
   return static_cast<NeuronGeneratorImpl*>(g.unsafeGetGeneratorImpl())->engine();
+}
+
+// Random draws in launch order. A kernel draws from the generator's engine when it runs on its stream's
+// worker, so two random launches on different streams would draw in the order they run (a seeded program
+// using several streams gave different numbers from run to run; CUDA reserves each launch's Philox offset at
+// the launch). A random launch on another stream than the generator's last one is queued behind that one
+// (a device-side wait: the host does not wait), so draws keep the launch order.
+void order_random_launch(const at::Generator& g, int device, int stream) {
+  auto* n = static_cast<NeuronGeneratorImpl*>(g.unsafeGetGeneratorImpl());
+  NeuronGeneratorImpl::LastDraw last;
+  {
+    std::lock_guard<std::mutex> lock(n->order_mu);
+    last = n->last_draw;
+  }
+  if (last.device < 0 || (last.device == device && last.stream == stream)) return;
+  if (stream_completed(last.device, last.stream) >= last.pos) return;
+  enqueue_stream_wait(device, stream, last.device, last.stream, last.pos);
+}
+
+void note_random_launch(const at::Generator& g, int device, int stream, uint64_t pos) {
+  auto* n = static_cast<NeuronGeneratorImpl*>(g.unsafeGetGeneratorImpl());
+  std::lock_guard<std::mutex> lock(n->order_mu);
+  n->last_draw = {device, stream, pos};
 }
 
 }  // namespace tnl

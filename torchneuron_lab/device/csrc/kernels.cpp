@@ -44,6 +44,8 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <fstream>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -83,6 +85,10 @@ struct OpMeta {
   bool view_only = false;  // every return aliases an input and nothing is written: no kernel runs
   bool sync = false;       // output shape depends on device data: the host waits
   bool allow_cpu_tensors = false;
+  // CUDA's registration checks that every positional tensor argument is on one device (native_functions.yaml
+  // without `device_check: NoCheck`): a 0-dim CPU tensor is refused too (c10::impl::check_and_update_common_device).
+  bool exact_device = false;
+  int mask_arg = -1;  // masked_fill's mask: CUDA's kernel checks its device itself (any dim)
   // Arguments of schema type Scalar, Scalar? or Scalar[] (bit i: argument i): a plan is keyed by their
   // types, not their values (an optimizer's step size changes at every call; see LaunchPlan).
   uint64_t number_args = 0;
@@ -212,6 +218,18 @@ Flops flops_kind(const std::string& base) {
   return Flops::None;
 }
 
+// The operators (as "aten::name.overload") CUDA registers with a device check of every tensor argument: the
+// entries of torch's native_functions.yaml without `device_check: NoCheck` (TensorIterator ops and a few
+// others are NoCheck: they take 0-dim CPU tensors as scalars). Read once from the file torch ships
+// (set_native_functions_yaml, by the module's init before any op's metadata is built); without it every op
+// takes 0-dim CPU tensors (the older behaviour).
+std::mutex g_exact_device_mu;
+std::shared_ptr<const std::unordered_set<std::string>> g_exact_device_ops;
+std::shared_ptr<const std::unordered_set<std::string>> exact_device_ops() {
+  std::lock_guard<std::mutex> lock(g_exact_device_mu);
+  return g_exact_device_ops;
+}
+
 OpMeta build_meta(const c10::OperatorHandle& op) {
   OpMeta m;
   const c10::FunctionSchema& s = op.schema();
@@ -233,7 +251,11 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
   m.flops = flops_kind(plain);
   m.sync = names_in("sync").count(plain) > 0;
   m.allow_cpu_tensors = names_in("cpu_ok").count(plain) > 0;
+  if (auto ops = exact_device_ops()) m.exact_device = ops->count(m.name) > 0;
   const auto& args = s.arguments();
+  if (plain == "masked_fill" || plain == "masked_fill_")
+    for (size_t i = 0; i < args.size(); ++i)
+      if (args[i].name() == "mask") m.mask_arg = static_cast<int>(i);
   m.write_args.assign(args.size(), false);
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& t = args[i].type();
@@ -336,7 +358,23 @@ const OpMeta& op_meta_slow(const c10::OperatorHandle& op) {
 // ------------------------------------------------------------------------------------------------
 // Aliasing between neuron tensors and CPU views of the same bytes
 
+// A kernel reads and writes a tensor's memory through its storage: a storage shrunk after the tensor was
+// made (`t.untyped_storage().resize_(0)`, a smaller `resize_` of a shared storage) would have the kernel read
+// or write outside the device's block (a segfault, or another tensor's memory). Raised at the launch instead.
+void check_storage_holds(const at::Tensor& t) {
+  const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
+  if (st == nullptr || t.numel() == 0) return;
+  const size_t need = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.dtype().itemsize(),
+                                                       static_cast<size_t>(t.storage_offset()));
+  if (need <= st->nbytes()) return;
+  TORCH_CHECK(false, "a neuron tensor with sizes ", t.sizes(), ", strides ", t.strides(), ", storage offset ",
+              t.storage_offset(), " and itemsize ", t.dtype().itemsize(), " requires a storage size of ", need,
+              " bytes, but its storage holds ", st->nbytes(), " bytes (was the storage resized after the tensor "
+              "was made?)");
+}
+
 at::Tensor cpu_alias(const at::Tensor& t) {
+  check_storage_holds(t);
   c10::StorageImpl* ns = t.storage().unsafeGetStorageImpl();
   auto st = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), ns->nbytes(),
                                                   c10::DataPtr(ns->data_ptr().get(), c10::Device(c10::kCPU)),
@@ -404,10 +442,12 @@ struct CallState {
   c10::SmallVector<std::pair<c10::StorageImpl*, c10::Storage>, 4> adopted;
   int device = -1;
   bool cpu_outputs = false;
+  at::Generator rng;  // the neuron generator the call draws from (undefined: none)
 };
 
 // A CPU view with t's geometry on an existing CPU alias storage.
 at::Tensor cpu_view_on(const at::Tensor& t, const c10::Storage& cpu_storage) {
+  check_storage_holds(t);
   auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(cpu_storage),
                                                    c10::DispatchKeySet(c10::DispatchKey::CPU), t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
@@ -1400,7 +1440,9 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     const int64_t t1 = now_ns();
     if (rec && recording()) push_launched_event(ev, t0, t1, stream, l);
   };
-  enqueue(std::move(w));
+  const int launch_stream = w.stream;
+  const uint64_t pos = enqueue(std::move(w));
+  if (cs.rng.defined()) note_random_launch(cs.rng, device, launch_stream, pos);
   stack->erase(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
   for (auto& r : results) stack->push_back(std::move(r));
   return true;
@@ -1450,8 +1492,14 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       return alias_in(cs, t, meta.write_args[argi]);
     }
     if (t.is_cpu()) {
-      // A 0-dim CPU tensor may be read as a scalar (as CUDA allows); written (out=/in-place) never.
-      if ((t.dim() > 0 || meta.write_args[argi]) && !meta.allow_cpu_tensors && foreign_dev.empty()) {
+      // A 0-dim CPU tensor may be read as a scalar where CUDA allows it (ops without a device check, and an
+      // op's keyword-only inputs, which CUDA's check skips); written (out=/in-place) never.
+      TORCH_CHECK(static_cast<int>(argi) != meta.mask_arg || meta.allow_cpu_tensors,
+                  "expected self and mask to be on the same device, but got mask on cpu and self on neuron:",
+                  cs.device < 0 ? current_device() : cs.device);
+      const bool scalar_ok = t.dim() == 0 && !meta.write_args[argi] &&
+                             (!meta.exact_device || schema.arguments()[argi].kwarg_only());
+      if (!scalar_ok && !meta.allow_cpu_tensors && foreign_dev.empty()) {
         foreign_dev = "cpu";
         foreign_arg = schema.arguments()[argi].name();
       }
@@ -1514,9 +1562,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   for (int i : meta.gen_args) {
     c10::IValue& v = (*stack)[base + i];
     if (v.isNone()) {
-      v = c10::IValue(cpu_engine_of(default_generator(cs.device)));
+      cs.rng = default_generator(cs.device);
+      v = c10::IValue(cpu_engine_of(cs.rng));
     } else if (v.isGenerator()) {
-      v = c10::IValue(cpu_engine_of(v.toGenerator()));
+      cs.rng = v.toGenerator();
+      v = c10::IValue(cpu_engine_of(cs.rng));
     }
   }
 
@@ -1542,7 +1592,11 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   std::optional<HostNowGuard> host_now;
   const bool draws_rng = meta.draws_rng(*stack, base);
   const bool async_ok = meta.async_ok || (meta.async_ok_without_rng && !draws_rng);
+  if (draws_rng) cs.rng = default_generator(cs.device);
   if (worker_stream() < 0) {
+    // draws in launch order: behind the generator's last random launch on another stream (the host path
+    // below waits for this stream, so for that launch too)
+    if (cs.rng.defined()) order_random_launch(cs.rng, cs.device, current_stream(cs.device));
     // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every kernel runs on the host at its launch (errors raised there)
     if (async_ok && !cs.cpu_outputs && !launch_blocking() &&
         launch_async(op, meta, stack, base, nargs, cs, new_sig, rec, bytes_read, in_for_flops, &pending)) {
@@ -1553,7 +1607,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     // op on the host path (no Meta kernel, the first launch of a plan) is recorded only if it waited.
     // The first launch of a plan waits too, unrecorded: it is the emulator's own check of the plan (like a
     // signature's compile on the device), not a synchronisation point of the program.
-    if (!meta.view_only && !meta.sync && touches_no_device_bytes(cs)) {
+    if (!meta.view_only && !meta.sync && !cs.rng.defined() && touches_no_device_bytes(cs)) {
       // Every device tensor argument holds no bytes (`torch.arange(n, device=...)`: its out= tensor is
       // empty until the kernel sizes it): nothing a queued kernel writes is read, so the host runs it now
       // (a plan's first launch too), on memory no queued kernel uses, instead of waiting for the stream.
@@ -1615,6 +1669,12 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   }
   const int64_t t1 = rec ? now_ns() : 0;
   end_host_thread_pool();
+  if (cs.rng.defined() && worker_stream() < 0) {
+    // drew on the host, after this stream's queued work: a later random launch on another stream waits
+    // for this stream's position
+    const int st = current_stream(cs.device);
+    note_random_launch(cs.rng, cs.device, st, stream_enqueued(cs.device, st));
+  }
 
   // write back in-place / out= arguments whose storage or geometry the kernel changed
   if (meta.any_write) {
@@ -2086,7 +2146,9 @@ bool fast_dense(const at::Tensor& t) {
       t.is_conj())
     return false;
   const at::ScalarType st = t.scalar_type();
-  return st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16;
+  if (!(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16)) return false;
+  // its storage still holds it (else the general path raises: check_storage_holds)
+  return static_cast<size_t>(t.storage_offset() + t.numel()) * t.dtype().itemsize() <= t.storage().nbytes();
 }
 
 at::Tensor flat_cpu(void* ptr, int64_t numel, at::ScalarType dtype) {
@@ -2620,6 +2682,32 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
                            "convolution_backward_overrideable"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }
+}
+
+void set_native_functions_yaml(const std::string& path) {
+  auto out = std::make_shared<std::unordered_set<std::string>>();
+  std::ifstream f(path);
+  TORCH_CHECK(f.good(), "cannot read ", path);
+  std::string line, cur;
+  bool nocheck = false;
+  auto close = [&] {
+    if (!cur.empty() && !nocheck) out->insert("aten::" + cur);
+    cur.clear();
+    nocheck = false;
+  };
+  while (std::getline(f, line)) {
+    if (line.rfind("- func:", 0) == 0) {
+      close();
+      const size_t b = line.find_first_not_of(' ', 7);
+      const size_t e = b == std::string::npos ? b : line.find('(', b);
+      if (e != std::string::npos) cur = line.substr(b, e - b);
+    } else if (!cur.empty() && line.find("device_check: NoCheck") != std::string::npos) {
+      nocheck = true;
+    }
+  }
+  close();
+  std::lock_guard<std::mutex> lock(g_exact_device_mu);
+  g_exact_device_ops = std::move(out);
 }
 
 }  // namespace tnl

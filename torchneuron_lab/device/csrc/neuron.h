@@ -99,6 +99,11 @@ void init_devices();  // torch.neuron.init(): creates every device's allocator s
 const at::Generator& default_generator(int device);
 at::Generator new_generator(int device);
 at::Generator cpu_engine_of(const at::Generator& neuron_gen);  // the CPU engine a neuron generator drives
+// Random launches draw in launch order across streams (generator.cpp): before a launch that draws from the
+// neuron generator `g` on (device, stream), queues it behind g's last random launch on another stream; after
+// it, notes its position.
+void order_random_launch(const at::Generator& g, int device, int stream);
+void note_random_launch(const at::Generator& g, int device, int stream, uint64_t pos);
 
 // ---- recorder.cpp ----
 enum class Engine : uint8_t { Tensor = 0, Vector, Scalar, GpSimd, Dma, Host };
@@ -204,7 +209,15 @@ struct Launch {
   int64_t host_start_ns = 0;   // the op call's start on the host
   int64_t host_end_ns = 0;     // when the host enqueued it
   int32_t name_id = -1;        // what ran (for errors and records)
+  // The launching thread's interrupt count (queue.cpp, "Ctrl-C") and its value at the launch: a Ctrl-C in a
+  // wait of that thread drops its launches still queued; other threads' launches run.
+  const std::atomic<uint64_t>* interrupts = nullptr;
+  uint64_t interrupts_seen = 0;
 };
+// True when the thread that launched `l` was interrupted (Ctrl-C in a host wait) after the launch.
+inline bool launch_dropped(const Launch& l) {
+  return l.interrupts != nullptr && l.interrupts->load(std::memory_order_relaxed) != l.interrupts_seen;
+}
 struct Work {
   std::function<void(const Launch&)> run;
   Launch launch;
@@ -258,8 +271,10 @@ void drain_all();
 void raise_async_error(int device);
 // On a worker: the stream and launch being executed (stream -1 and nullptr on host threads).
 int worker_stream();
-uint64_t cancel_epoch(int device);
-void cancel_queued(int device);  // drops queued (not running) work of every stream of the device  // changes when queued work was dropped (Ctrl-C during a wait)
+// Stamps `l` with this thread's interrupt count (begin_launch does; for launches built by hand).
+void stamp_launcher(Launch& l);
+// torch's native_functions.yaml: which ops CUDA registers with a device check (kernels.cpp, exact_device_ops).
+void set_native_functions_yaml(const std::string& path);
 uint64_t worker_position();
 // What a compiled graph's host code is launching (graphs.cpp): while it runs, the kernels it launches
 // (its fused kernels and the ATen ops it calls) are recorded with the graph's registry id, and a call the

@@ -104,7 +104,6 @@ struct DeviceQueues {
   std::array<int, 2> pool_next{0, 0};
   std::vector<int> pool[2];
   std::optional<AsyncError> error;
-  std::atomic<uint64_t> cancel_epoch{0};  // bumped when queued work is dropped (Ctrl-C)
 };
 
 constexpr int kMaxDevices = 64;
@@ -145,6 +144,13 @@ thread_local std::array<int, kMaxDevices> tls_stream{};
 thread_local int tls_worker_stream = -1;
 thread_local uint64_t tls_worker_pos = 0;
 thread_local LaunchTag tls_launch_tag;
+// This thread's interrupt count: a Ctrl-C in one of its host waits adds one, which drops every launch of
+// this thread still queued on any stream (launch_dropped). Leaked: a queued launch may outlive its thread.
+thread_local std::atomic<uint64_t>* tls_interrupts = nullptr;
+std::atomic<uint64_t>& interrupts_of_this_thread() {
+  if (tls_interrupts == nullptr) tls_interrupts = new std::atomic<uint64_t>(0);
+  return *tls_interrupts;
+}
 
 void worker_main(StreamQueue* s);
 
@@ -398,7 +404,6 @@ void worker_main(StreamQueue* s) {
   // was in torch.inference_mode(); through ADInplaceOrView on this thread (not in inference mode) every
   // in-place write raised "Inplace update to inference tensor outside InferenceMode" (addmm.out, copy_).
   at::AutoDispatchBelowADInplaceOrView below_autograd;
-  DeviceQueues& dq = queues_of(s->device);
   std::vector<Work> batch;
   batch.reserve(kWorkerBatch);
   std::vector<std::function<void(const Launch&)>> spent;  // handed to the host at the batch's end
@@ -415,7 +420,6 @@ void worker_main(StreamQueue* s) {
       for (int i = 0; i < kSpinRounds && s->launched.load(std::memory_order_acquire) == done; ++i)
         std::this_thread::yield();
     }
-    uint64_t epoch;
     {
       std::unique_lock<std::mutex> lock(s->mu);
       auto work = [&] { return !s->queue.empty(); };
@@ -432,7 +436,6 @@ void worker_main(StreamQueue* s) {
         batch.push_back(std::move(s->queue.front()));
         s->queue.pop_front();
       }
-      epoch = dq.cancel_epoch.load();
       depth = batch.size() + s->queue.size();
     }
     {
@@ -440,8 +443,9 @@ void worker_main(StreamQueue* s) {
       starve.took_work(now, now - wait0, depth);
     }
     for (Work& w : batch) {
-      // Work taken before a Ctrl-C dropped the queued kernels is dropped too (it was queued, not running).
-      if (w.run && dq.cancel_epoch.load(std::memory_order_relaxed) != epoch) w.run = nullptr;
+      // A launch whose thread was interrupted (Ctrl-C in one of its waits) since is dropped: it was queued,
+      // not running. Other threads' launches run (they were not interrupted and will read their results).
+      if (w.run && launch_dropped(w.launch)) w.run = nullptr;
       tls_worker_pos = s->completed.load(std::memory_order_relaxed) + 1;
       try {
         if (w.run) w.run(w.launch);  // dropped work (Ctrl-C) only advances the stream
@@ -532,13 +536,17 @@ bool wait_completed_locked(StreamQueue& s, std::unique_lock<std::mutex>& lock, u
 
 // Waits for `s` to reach `pos`; true if the host actually blocked. The GIL is released while waiting
 // (a kernel may need it) and never re-taken while a queue lock is held. Bounded by
-// TORCHNEURON_LAB_SYNC_TIMEOUT; on the main thread Ctrl-C is honoured: the device's queued kernels are
+// TORCHNEURON_LAB_SYNC_TIMEOUT; on the main thread Ctrl-C is honoured: the thread's queued launches are
 // dropped (the running ones finish), so the queues are drained, and KeyboardInterrupt is raised.
 bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible = true) {
   bool reached;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     reached = s.completed >= pos;
+    // A child forked while the parent had kernels queued inherits positions no worker will ever complete
+    // (its workers are the parent's threads): every wait would last the whole sync timeout. CUDA's
+    // synchronize and get_rng_state raise the bad-fork error at once there.
+    if (!reached && in_bad_fork()) check_not_in_bad_fork();
     if (reached && tls_worker_stream < 0) reap_locked(s, tls_reaped);
   }
   if (reached) {
@@ -586,7 +594,7 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
     }
   }
   if (interrupted) {
-    cancel_queued(s.device);
+    interrupts_of_this_thread().fetch_add(1);  // drops this thread's queued launches, on every stream
     uint64_t last;
     {
       std::lock_guard<std::mutex> lock(s.mu);
@@ -738,6 +746,7 @@ Launch begin_launch(int32_t name_id) {
   l.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
   l.host_start_ns = now_ns();
   l.thread = thread_hash();
+  stamp_launcher(l);
   l.name_id = name_id;
   l.stack = capture_stack(with_stack_enabled() ? SIZE_MAX : kLaunchSiteDepth);
   return l;
@@ -885,7 +894,7 @@ void synchronize_device(int device, const char* what) {
 }
 
 void drain_all() {
-  if (tls_worker_stream >= 0) return;
+  if (tls_worker_stream >= 0 || in_bad_fork()) return;  // a forked child's inherited queues never drain
   for (int d = 0; d < kMaxDevices; ++d) {
     DeviceQueues* q = g_queues[d];
     if (q == nullptr) continue;
@@ -913,21 +922,10 @@ void synchronize_all(const char* what) {
     if (g_queues[d] != nullptr) synchronize_device(d, what);
 }
 
-void cancel_queued(int device) {
-  DeviceQueues& d = queues_of(device);
-  d.cancel_epoch.fetch_add(1);
-  std::vector<StreamQueue*> streams;
-  {
-    std::lock_guard<std::mutex> lock(d.mu);
-    streams = d.streams;
-  }
-  for (StreamQueue* s : streams) {
-    std::lock_guard<std::mutex> lock(s->mu);
-    for (Work& w : s->queue) w.run = nullptr;
-  }
+void stamp_launcher(Launch& l) {
+  l.interrupts = &interrupts_of_this_thread();
+  l.interrupts_seen = l.interrupts->load(std::memory_order_relaxed);
 }
-
-uint64_t cancel_epoch(int device) { return queues_of(device).cancel_epoch.load(); }
 
 int worker_stream() { return tls_worker_stream; }
 uint64_t worker_position() { return tls_worker_pos; }
@@ -1011,10 +1009,10 @@ void enqueue_stream_wait(int device, int stream, int other_device, int other_str
   w.launch.id = g_next_launch.fetch_add(1, std::memory_order_relaxed);
   w.launch.host_start_ns = now_ns();
   // A device-side wait: this stream's worker blocks until the other stream passes `pos`. It gives up when
-  // this device's queued work is dropped after its launch (Ctrl-C in a host wait: the host then waits for the
-  // running work, which must not be this wait on another device's long queue) and after the sync timeout.
-  const uint64_t epoch = cancel_epoch(device);
-  w.run = [other, pos, device, epoch](const Launch&) {
+  // the thread that launched it is interrupted (Ctrl-C in one of its host waits: that host then waits for
+  // the running work, which must not be this wait on another device's long queue) and after the sync timeout.
+  stamp_launcher(w.launch);
+  w.run = [other, pos](const Launch& l) {
     const auto deadline = std::chrono::steady_clock::now() +
                           std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(sync_timeout_s()));
@@ -1022,7 +1020,7 @@ void enqueue_stream_wait(int device, int stream, int other_device, int other_str
     for (;;) {
       const auto slice = std::min(deadline, std::chrono::steady_clock::now() + std::chrono::milliseconds(20));
       if (wait_completed_locked(*other, lock, pos, slice)) return;
-      if (cancel_epoch(device) != epoch) return;
+      if (launch_dropped(l)) return;
       TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "a neuron stream waited more than ",
                   sync_timeout_s(), " s for an event on neuron:", other->device, " stream ", other->id,
                   " (TORCHNEURON_LAB_SYNC_TIMEOUT)");
