@@ -125,3 +125,34 @@ def test_a_failed_resize_or_set_leaves_the_tensor_as_it_was() -> None:
     assert facts["set_fail"] == "RuntimeError"
     assert facts["after_set"] == [[4], [1], [0.0, 1.0, 2.0, 3.0]]
     assert facts["grow_ok"] == [[6], [0.0, 1.0, 2.0, 3.0]]
+
+
+SHRUNK_STORAGE = """
+def shrunk(nbytes, use):
+    def run():
+        t = torch.arange(1 << 20, dtype=torch.float32, device="neuron")
+        t.untyped_storage().resize_(nbytes)
+        return use(t)
+    return run
+
+uses = {"cpu": lambda t: t.cpu(), "add": lambda t: t + 1, "add_": lambda t: t.add_(1),
+        "sum": lambda t: t.sum(), "item": lambda t: t[-1].item(), "clone": lambda t: t.clone(),
+        "copy_into": lambda t: t.copy_(torch.ones(1 << 20)), "foreach": lambda t: torch._foreach_add([t], 1)}
+facts = {f"{name} {n}": outcome(shrunk(n, use)) for name, use in uses.items() for n in (0, 16)}
+facts["view within"] = outcome(lambda: (lambda t: (t.untyped_storage().resize_(16), t[:4].cpu())[1])(
+    torch.arange(8.0, device="neuron")))
+emit(facts)
+"""
+
+
+def test_a_tensor_whose_storage_shrank_raises_instead_of_reading_out_of_bounds() -> None:
+    # `t.untyped_storage().resize_(0)` then any use of t: the kernel read/wrote outside the device block
+    # (SIGSEGV; CPU tensors crash too, CUDA reports an illegal memory access)
+    facts = run_child(SHRUNK_STORAGE, outcomes=True)
+    view = facts.pop("view within")
+    assert view == {"value": [0.0, 1.0, 2.0, 3.0]}
+    for name, got in facts.items():
+        assert got.get("error") == "RuntimeError", (name, got)
+        # the lab's check at the launch, or ATen's own where a view is made (`t[-1]`)
+        assert "requires a storage size of" in got["message"] or "requiring a storage size of" in got["message"], (
+            name, got)
