@@ -244,3 +244,24 @@ def test_random_draws_on_two_streams_follow_the_launch_order(first: str, second:
     got = draws("neuron", lambda: torch.neuron._sleep(150), s1, s2, torch.neuron.stream)
     assert got[0] == want[0]
     assert got[1] == want[1]
+
+
+def test_graphsafe_state_is_shared_as_cudas() -> None:
+    # NotImplementedError before: CUDA's graphsafe_get_state returns a generator pointing at the same state
+    g = torch.Generator("neuron").manual_seed(3)
+    shared = g.graphsafe_get_state()
+    assert shared.device == torch.device("neuron", 0)
+    other = torch.Generator("neuron").manual_seed(99)
+    other.graphsafe_set_state(shared)
+    a = torch.rand(4, device="neuron", generator=other)  # advances g's state too
+    b = torch.rand(4, device="neuron", generator=g)
+    ref = torch.Generator().manual_seed(3)
+    assert a.cpu().tolist() == torch.rand(4, generator=ref).tolist()
+    assert b.cpu().tolist() == torch.rand(4, generator=ref).tolist()
+    clone = g.clone_state()  # a copy: drawing from it leaves g where it was
+    c = torch.rand(4, device="neuron", generator=clone)
+    assert torch.equal(c.cpu(), torch.rand(4, device="neuron", generator=g).cpu())
+    torch.neuron._get_generator(torch.device("neuron", 1)).manual_seed(11)
+    assert torch.neuron.default_generators[1].initial_seed() == 11
+    with pytest.raises(RuntimeError, match="expected the state of a 'neuron' Generator"):
+        g.graphsafe_set_state(torch.Generator())

@@ -414,6 +414,12 @@ def _generators() -> tuple[torch.Generator, ...]:
     return tuple(C.default_generator(i) for i in range(device_count()))
 
 
+def _get_generator(device: torch.device) -> torch.Generator:
+    """The default generator of ``device`` (``torch.cuda._get_generator``): its ``graphsafe_get_state()``
+    shares the generator's state, ``graphsafe_set_state`` and ``clone_state()`` work as CUDA's."""
+    return _lib().default_generator(_index(device))
+
+
 def __getattr__(name: str) -> Any:  # module attribute: built lazily, never initialises memory
     if name == "default_generators":
         return _generators()

@@ -185,6 +185,7 @@ class DeviceAllocator {
     update_stat(stats_.active_bytes, block->small, block->size);
     update_stat(stats_.requested_bytes, block->small, n);
     if (g_record_history.load(std::memory_order_relaxed)) trace("alloc", block->ptr, block->size, ctx);
+    report_to_profiler(block->ptr, static_cast<int64_t>(block->size));
     // context == data pointer, so raw_allocate()/raw_deallocate() (used by CPU kernels for scratch
     // space while a neuron kernel runs) work on these blocks too.
     return c10::DataPtr(block->ptr, block->ptr, &neuron_block_free, c10::Device(kNeuron, device_));
@@ -208,6 +209,7 @@ class DeviceAllocator {
     update_stat(stats_.allocation, block->small, -1);
     update_stat(stats_.allocated_bytes, block->small, -static_cast<int64_t>(block->size));
     update_stat(stats_.requested_bytes, block->small, -static_cast<int64_t>(block->requested_size));
+    report_to_profiler(block->ptr, -static_cast<int64_t>(block->size));
     block->requested_size = 0;
     block->context.reset();
     block->free_pos = stream_enqueued(device_, block->stream);
@@ -499,11 +501,24 @@ class DeviceAllocator {
     return b;
   }
 
+  // torch.profiler.profile(profile_memory=True): each allocation and free, with the totals after it, as
+  // CUDA's caching allocator reports them (a no-op unless the calling thread is being profiled).
+  void report_to_profiler(void* ptr, int64_t delta) {
+    if (!c10::memoryProfilingEnabled()) return;
+    c10::reportMemoryUsageToProfiler(ptr, delta, static_cast<size_t>(stats_.allocated_bytes[kAll].current),
+                                     static_cast<size_t>(stats_.reserved_bytes[kAll].current),
+                                     c10::Device(kNeuron, static_cast<c10::DeviceIndex>(device_)));
+  }
+
   [[noreturn]] void raise_oom(uint64_t requested, uint64_t seg, std::shared_ptr<c10::GatheredContext> ctx,
                               std::unique_lock<std::mutex>& lock) {
     stats_.num_ooms++;
     const int64_t allocated = stats_.allocated_bytes[kAll].current;
     const int64_t reserved = stats_.reserved_bytes[kAll].current;
+    if (c10::memoryProfilingEnabled())
+      c10::reportOutOfMemoryToProfiler(static_cast<int64_t>(requested), static_cast<size_t>(allocated),
+                                       static_cast<size_t>(reserved),
+                                       c10::Device(kNeuron, static_cast<c10::DeviceIndex>(device_)));
     const int64_t free_dev = capacity_ - reserved;
     int64_t largest = 0;
     for (Block* b : large_free_) largest = std::max<int64_t>(largest, b->size);

@@ -22,7 +22,27 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
  public:
   explicit NeuronGeneratorImpl(int device, uint64_t seed = c10::default_rng_seed_val)
       : c10::GeneratorImpl(c10::Device(kNeuron, device), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1)),
-        engine_(at::make_generator<at::CPUGeneratorImpl>(seed)) {}
+        engine_(at::make_generator<at::CPUGeneratorImpl>(seed)),
+        order_(std::make_shared<Order>()) {}
+
+  // CUDA's graph-safe state: a generator that *shares* this one's state (draws from either advance both);
+  // set makes this generator share another's. The engine and its launch-order record are what is shared.
+  c10::intrusive_ptr<c10::GeneratorImpl> graphsafe_get_state() const override {
+    settle();
+    auto g = c10::make_intrusive<NeuronGeneratorImpl>(device().index());
+    g->engine_ = engine_;
+    g->order_ = order_;
+    return g;
+  }
+  void graphsafe_set_state(const c10::intrusive_ptr<c10::GeneratorImpl>& state) override {
+    TORCH_CHECK(state && state->device().type() == kNeuron,
+                "graphsafe_set_state: expected the state of a 'neuron' Generator, got one of a '",
+                state ? c10::DeviceTypeName(state->device().type(), true) : std::string("null"), "' Generator");
+    settle();
+    auto* other = static_cast<NeuronGeneratorImpl*>(state.get());
+    engine_ = other->engine_;
+    order_ = other->order_;
+  }
 
   void set_current_seed(uint64_t seed) override { settle(); engine_.set_current_seed(seed); }
   // The offset is the position in the device's random stream: the number of 32-bit draws taken from
@@ -69,14 +89,18 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   static constexpr uint64_t kMaxOffsetTwists = 1 << 16;
   static constexpr uint64_t kMaxOffset = kMaxOffsetTwists * at::MERSENNE_STATE_N;
   const at::Generator& engine() const { return engine_; }
-  // The last launch that draws from this generator, queued on a stream (random_order below).
+  // The last launch that draws from this generator's engine, queued on a stream (order_random_launch below);
+  // shared with the generators that share the engine (graphsafe_set_state).
   struct LastDraw {
     int device = -1;
     int stream = 0;
     uint64_t pos = 0;
   };
-  std::mutex order_mu;
-  LastDraw last_draw;
+  struct Order {
+    std::mutex mu;
+    LastDraw last;
+  };
+  Order& order() const { return *order_; }
   at::CPUGeneratorImpl* cpu_impl() const { return static_cast<at::CPUGeneratorImpl*>(engine_.unsafeGetGeneratorImpl()); }
 
  private:
@@ -86,6 +110,7 @@ class NeuronGeneratorImpl final : public c10::GeneratorImpl {
     return g;
   }
   at::Generator engine_;
+  std::shared_ptr<Order> order_;
 };
 
 const at::Generator& default_generator(int device) {
@@ -122,8 +147,8 @@ void order_random_launch(const at::Generator& g, int device, int stream) {
   auto* n = static_cast<NeuronGeneratorImpl*>(g.unsafeGetGeneratorImpl());
   NeuronGeneratorImpl::LastDraw last;
   {
-    std::lock_guard<std::mutex> lock(n->order_mu);
-    last = n->last_draw;
+    std::lock_guard<std::mutex> lock(n->order().mu);
+    last = n->order().last;
   }
   if (last.device < 0 || (last.device == device && last.stream == stream)) return;
   if (stream_completed(last.device, last.stream) >= last.pos) return;
@@ -132,8 +157,8 @@ void order_random_launch(const at::Generator& g, int device, int stream) {
 
 void note_random_launch(const at::Generator& g, int device, int stream, uint64_t pos) {
   auto* n = static_cast<NeuronGeneratorImpl*>(g.unsafeGetGeneratorImpl());
-  std::lock_guard<std::mutex> lock(n->order_mu);
-  n->last_draw = {device, stream, pos};
+  std::lock_guard<std::mutex> lock(n->order().mu);
+  n->order().last = {device, stream, pos};
 }
 
 }  // namespace tnl

@@ -140,7 +140,10 @@ extern std::atomic<uint32_t> g_recording_flags;
 inline bool recording() {
   return g_recording_flags.load(std::memory_order_relaxed) != 0;
 }
-void kineto_capture(const EventRecord& ev);  // profiler.cpp
+// torch.profiler (profiler.cpp): an event for the Kineto session, with the correlation id of the profiler's
+// op that launched it (the launching thread's, carried by the launch: a queued kernel runs on a worker).
+void kineto_capture(const EventRecord& ev, uint64_t correlation);
+uint64_t kineto_correlation();  // this thread's current profiler correlation id (0: none)
 bool record_shapes_enabled();
 bool with_stack_enabled();
 int32_t intern_string(const std::string& s);
@@ -148,7 +151,7 @@ std::string string_of(int32_t id);
 void push_event(EventRecord ev);  // stamps seq/thread, captures a stack when with_stack is on
 // The same for an event launched by another thread (a kernel run by a stream worker): the launching
 // thread's hash and the stack captured at launch are stored instead of the caller's.
-void push_event_from(EventRecord ev, uint32_t thread, int32_t stack);
+void push_event_from(EventRecord ev, uint32_t thread, int32_t stack, uint64_t kineto_corr);
 uint32_t thread_hash();
 // The calling thread's Python stack (innermost `max_depth` frames) as a stack-table id (kNoStack if none).
 int32_t capture_stack(size_t max_depth = SIZE_MAX);
@@ -213,6 +216,7 @@ struct Launch {
   // wait of that thread drops its launches still queued; other threads' launches run.
   const std::atomic<uint64_t>* interrupts = nullptr;
   uint64_t interrupts_seen = 0;
+  uint64_t profiler_corr = 0;  // torch.profiler's correlation id of the op that launched it (0: not profiling)
 };
 // True when the thread that launched `l` was interrupted (Ctrl-C in a host wait) after the launch.
 inline bool launch_dropped(const Launch& l) {

@@ -128,22 +128,45 @@ class NeuronActivityProfiler final : public libkineto::IActivityProfiler {
 };
 
 // The legacy autograd profiler (torch.autograd.profiler.profile(use_device="neuron")) times each op on
-// the device through these stubs, as it does with CUDA events. Kernels run synchronously, so a device
-// event is a timestamp on the profiler's clock taken when the op starts/ends on the device.
+// the device through these stubs, as it does with CUDA events: `record` puts a timing marker on the
+// current stream (an event record: it stamps the device time when the work launched before it has run),
+// `elapsed` waits for both markers and returns the device time between them. Until 2026-12-05 a record was
+// a host timestamp, so an op's "device time" was its launch on the host (microseconds for a queued matmul
+// that ran for milliseconds). On a device worker (a kernel's own nested ops) a record stays a host timestamp.
+struct StubEvent {
+  NeuronEvent* ev = nullptr;  // a timing marker (null: host timestamp)
+  int64_t host_ns = 0;
+  ~StubEvent() { destroy_event(ev); }
+};
+
 struct NeuronProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
   void record(c10::DeviceIndex* device, torch::profiler::impl::ProfilerVoidEventStub* event,
               int64_t* cpu_ns) const override {
-    if (device != nullptr) *device = static_cast<c10::DeviceIndex>(current_device());
-    const int64_t t = c10::getTime();
-    if (event != nullptr) *event = std::shared_ptr<void>(new int64_t(t), [](void* p) { delete static_cast<int64_t*>(p); });
-    if (cpu_ns != nullptr) *cpu_ns = t;
+    const int d = current_device();
+    if (device != nullptr) *device = static_cast<c10::DeviceIndex>(d);
+    if (event != nullptr) {
+      auto e = std::make_shared<StubEvent>();
+      e->host_ns = now_ns();
+      if (worker_stream() < 0) {
+        e->ev = new_event(/*timing=*/true);
+        record_event(e->ev, d, current_stream(d));
+      }
+      *event = std::move(e);
+    }
+    if (cpu_ns != nullptr) *cpu_ns = c10::getTime();
   }
   float elapsed(const torch::profiler::impl::ProfilerVoidEventStub* e1,
                 const torch::profiler::impl::ProfilerVoidEventStub* e2) const override {
     if (e1 == nullptr || e2 == nullptr || !*e1 || !*e2) return 0.f;
-    const int64_t t1 = *static_cast<const int64_t*>(e1->get());
-    const int64_t t2 = *static_cast<const int64_t*>(e2->get());
-    return static_cast<float>(std::max<int64_t>(t2 - t1, 0)) / 1000.f;  // microseconds, as CUDA's stub
+    const auto* a = static_cast<const StubEvent*>(e1->get());
+    const auto* b = static_cast<const StubEvent*>(e2->get());
+    if (a->ev != nullptr && b->ev != nullptr && a->ev->device == b->ev->device) {
+      wait_position_quiet(a->ev->device, a->ev->stream, a->ev->pos);
+      wait_position_quiet(b->ev->device, b->ev->stream, b->ev->pos);
+      const double ms = event_elapsed_ms(a->ev, b->ev);
+      return static_cast<float>(std::max(ms, 0.0) * 1000.0);  // microseconds, as CUDA's stub
+    }
+    return static_cast<float>(std::max<int64_t>(b->host_ns - a->host_ns, 0)) / 1000.f;
   }
   void mark(const char* /*name*/) const override {}
   void rangePush(const char* /*name*/) const override {}
@@ -157,14 +180,17 @@ struct NeuronProfilerStubs final : public torch::profiler::impl::ProfilerStubs {
     }
     set_current_device(prev);
   }
-  void synchronize() const override {}
+  void synchronize() const override { drain_all(); }
 };
 
 }  // namespace
 
-void kineto_capture(const EventRecord& ev) {
+uint64_t kineto_correlation() { return tls_correlation.empty() ? 0 : tls_correlation.back(); }
+
+// `corr`: the correlation id of the profiler op that launched the event (read on the launching thread: a
+// queued kernel is recorded by a device worker, whose own correlation stack is empty).
+void kineto_capture(const EventRecord& ev, uint64_t corr) {
   if (ev.kind != EventKind::Kernel && ev.kind != EventKind::Dma) return;  // syncs are host-side waits
-  const uint64_t corr = tls_correlation.empty() ? 0 : tls_correlation.back();
   std::lock_guard<std::mutex> lock(sink().mu);
   if (sink().active) sink().events.emplace_back(ev, corr);
 }

@@ -738,7 +738,7 @@ void push_launched_event(EventRecord ev, int64_t start_ns, int64_t end_ns, int s
   ev.host_start_ns = l.host_start_ns;
   ev.host_end_ns = l.host_end_ns;
   ev.correlation = l.id;
-  push_event_from(ev, l.thread, with_stack_enabled() ? l.stack : kNoStack);
+  push_event_from(ev, l.thread, with_stack_enabled() ? l.stack : kNoStack, l.profiler_corr);
 }
 
 Launch begin_launch(int32_t name_id) {
@@ -747,6 +747,7 @@ Launch begin_launch(int32_t name_id) {
   l.host_start_ns = now_ns();
   l.thread = thread_hash();
   stamp_launcher(l);
+  if (g_recording_flags.load(std::memory_order_relaxed) & kKinetoBit) l.profiler_corr = kineto_correlation();
   l.name_id = name_id;
   l.stack = capture_stack(with_stack_enabled() ? SIZE_MAX : kLaunchSiteDepth);
   return l;

@@ -343,15 +343,16 @@ void push_event(EventRecord ev) {
   }
   const uint32_t flags = g_recording_flags.load(std::memory_order_relaxed);
   if (!(flags & kRecorderBit)) {
-    if (flags & kKinetoBit) kineto_capture(ev);
+    if (flags & kKinetoBit) kineto_capture(ev, kineto_correlation());
     return;
   }
-  push_event_from(ev, this_thread_hash(), rec().with_stack ? capture_stack() : kNoStack);
+  push_event_from(ev, this_thread_hash(), rec().with_stack ? capture_stack() : kNoStack,
+                  (flags & kKinetoBit) ? kineto_correlation() : 0);
 }
 
-void push_event_from(EventRecord ev, uint32_t thread, int32_t stack) {
+void push_event_from(EventRecord ev, uint32_t thread, int32_t stack, uint64_t kineto_corr) {
   const uint32_t flags = g_recording_flags.load(std::memory_order_relaxed);
-  if (flags & kKinetoBit) kineto_capture(ev);
+  if (flags & kKinetoBit) kineto_capture(ev, kineto_corr);
   if (!(flags & kRecorderBit)) return;
   Recorder& r = rec();
   std::lock_guard<std::mutex> lock(r.mu);

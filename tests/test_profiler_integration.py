@@ -1,0 +1,70 @@
+"""torch.profiler and the legacy autograd profiler on the asynchronous device.
+
+A queued kernel runs on a device worker after its op returned on the host: the profilers must still tie it
+to that op (Kineto's correlation id, carried by the launch), time ops on the device (the legacy profiler's
+device events are markers on the stream), and see the device's allocations (profile_memory=True).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import torchneuron_lab  # noqa: F401  (registers the device)
+from tests._neuron_child import run_child
+
+N = torch.neuron
+ACTIVITIES = [ProfilerActivity.CPU, ProfilerActivity.PrivateUse1]
+
+
+def test_queued_kernels_are_correlated_with_the_op_that_launched_them() -> None:
+    # the worker read its own (empty) correlation stack: every queued kernel had correlation 0, so no op had
+    # device time in key_averages() (undercounted) and Perfetto drew no launch arrows
+    x = torch.ones(256, 256, device="neuron")
+    (x @ x).cpu()  # a signature's first launch runs on the host
+    with profile(activities=ACTIVITIES) as prof:
+        N._sleep(30)  # everything below is queued
+        for _ in range(4):
+            x @ x
+        N.synchronize()
+    mms = [e for e in prof.events() if e.name == "aten::mm" and e.device_type == torch.autograd.DeviceType.CPU]
+    assert len(mms) == 4
+    assert [len(e.kernels) for e in mms] == [1, 1, 1, 1]
+    assert all(e.device_time_total > 0 for e in mms)
+
+
+def test_profile_memory_sees_device_allocations() -> None:
+    with profile(activities=ACTIVITIES, profile_memory=True) as prof:
+        z = torch.empty(1 << 20, device="neuron")
+        del z
+    rows = {e.key: e for e in prof.key_averages()}
+    assert rows["aten::empty"].device_memory_usage == 4 << 20
+    assert rows["aten::empty"].cpu_memory_usage == 0
+    freed = [e.device_memory_usage for e in prof.events() if e.name == "[memory]"]
+    assert freed == [-(4 << 20)]  # `del z`, outside any op
+
+
+def test_legacy_profiler_times_ops_on_the_device() -> None:
+    # a device event was a host timestamp: a queued 1024^2 matmul had a few microseconds of "device time".
+    # (In a fresh process: after a torch.profiler session in the same process, torch also hands the legacy
+    # profiler the Kineto activities, and each op lists its kernel twice.)
+    facts = run_child("""
+        import json, torch, torchneuron_lab
+        N = torch.neuron
+        big = torch.ones(1024, 1024, device="neuron")
+        (big @ big).cpu()
+        start, end = N.Event(enable_timing=True), N.Event(enable_timing=True)
+        with torch.autograd.profiler.profile(use_device="neuron") as prof:
+            start.record()
+            for _ in range(3):
+                big @ big
+            end.record()
+            N.synchronize()
+        mms = [e for e in prof.function_events
+               if e.name == "aten::mm" and e.device_type == torch.autograd.DeviceType.CPU]
+        print(json.dumps({"device_us": [e.device_time_total for e in mms], "cpu_us": [e.cpu_time_total for e in mms],
+                          "event_us": start.elapsed_time(end) * 1000}))
+    """)
+    assert len(facts["device_us"]) == 3, facts
+    assert 0.9 * facts["event_us"] <= sum(facts["device_us"]) <= facts["event_us"] * 1.01  # between the events
+    assert sum(facts["device_us"]) > 5 * sum(facts["cpu_us"]), facts  # launched, not run, on the host
