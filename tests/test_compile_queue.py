@@ -359,6 +359,23 @@ def test_cond_in_a_training_graph() -> None:
     assert torch.allclose(w.grad.cpu(), w_cpu.grad)
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_fallback_random_option_keeps_eagers_dropout_mask(grad: bool) -> None:
+    # the decomposition table was chosen before the options applied: dropout was decomposed into Inductor's
+    # own random op and drew other numbers than eager's native_dropout
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.dropout(x * 2, 0.5, True) + 1
+
+    x = torch.ones(64, device="neuron", requires_grad=grad)
+    torch.neuron.manual_seed(3)
+    eager = f(x)
+    compiled = torch.compile(f, backend="neuron", options={"fallback_random": True})
+    torch.neuron.manual_seed(3)
+    got = compiled(x)
+    assert torch.equal(got.detach().cpu(), eager.detach().cpu())
+    torch._dynamo.reset()
+
+
 # torch.compile's mode= and options= reach the backend as keyword arguments; they were accepted and ignored
 def test_compile_options_and_mode_apply_as_for_inductor() -> None:
     def f(x: torch.Tensor) -> torch.Tensor:
@@ -380,3 +397,26 @@ def test_compile_options_and_mode_apply_as_for_inductor() -> None:
 
     assert _inductor_config("max-autotune-no-cudagraphs", None)["max_autotune"] is True
     assert _inductor_config(None, None) == {}
+
+
+@pytest.mark.parametrize("sync", ["stream", "event", "device"])
+def test_a_host_synchronisation_inside_a_compiled_function_runs(sync: str) -> None:
+    # Dynamo traces stream.synchronize() into the graph and Inductor's wrapper read a freed input after it:
+    # UnboundLocalError: cannot access local variable 'arg0_1'
+    def g(x: torch.Tensor) -> torch.Tensor:
+        cs = torch.neuron.current_stream()
+        y = x + 1
+        if sync == "stream":
+            cs.synchronize()
+        elif sync == "event":
+            e = torch.neuron.Event()
+            e.record(cs)
+            e.synchronize()
+        else:
+            torch.neuron.synchronize()
+        return y * 3
+
+    x = torch.arange(4.0, device="neuron")
+    got = torch.compile(g, backend="neuron")(x)
+    assert got.cpu().tolist() == [3.0, 6.0, 9.0, 12.0]
+    torch._dynamo.reset()

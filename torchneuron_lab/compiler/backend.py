@@ -862,7 +862,10 @@ def compile_for_neuron(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     """:func:`neuron_backend` with Inductor config patches already resolved (also what Inductor's own
     ``torch.compile`` wrapper hands a graph on neuron tensors: ``torchneuron_lab._inductor_redirect``)."""
     register_backend()
+    if _synchronizes_in_graph(gm):
+        return gm.forward
     import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
     from torch._inductor.decomposition import select_decomp_table
 
@@ -887,16 +890,35 @@ def compile_for_neuron(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
         "dynamo_ms": (t_entry - start) * 1e3 if start is not None else None,
     }
     # AOTAutograd's cache would hand back CPU code without the device runtime around it: off for this
-    # compile (Inductor's FX graph cache, below the inner compiler, stays on).
-    with functorch_config.patch(enable_autograd_cache=False):
+    # compile (Inductor's FX graph cache, below the inner compiler, stays on). The decomposition table
+    # depends on Inductor's config (`fallback_random` keeps eager's random ops): chosen under the caller's
+    # patches, as compile_fx chooses its own (with them applied only inside compile_fx, options=
+    # {"fallback_random": True} drew Inductor's random numbers, not eager's).
+    with functorch_config.patch(enable_autograd_cache=False), inductor_config.patch(config_patches or {}):
+        decompositions = cuda_parity.decompositions(select_decomp_table())
         compiled = compile_fx(gm, example_inputs, inner_compile=functools.partial(_inner_compile, ctx=ctx),
-                              decompositions=cuda_parity.decompositions(select_decomp_table()),
-                              config_patches=config_patches or None)
+                              decompositions=decompositions, config_patches=config_patches or None)
     total_ms = (time.perf_counter() - t_entry) * 1e3
     for rec in ctx.get("records", []):
         if rec.kind in ("forward", "inference"):
             rec.compile_ms["aot_autograd"] = max(0.0, total_ms - ctx.get("lowering_s", 0.0) * 1e3)
     return compiled
+
+
+_HOST_SYNC_OPS = ("synchronize_stream", "synchronize_event", "synchronize_device")
+
+
+def _synchronizes_in_graph(gm: torch.fx.GraphModule) -> bool:
+    """Whether Dynamo traced a host synchronisation (``stream.synchronize()``, ``event.synchronize()``,
+    ``torch.neuron.synchronize()``) into the graph. Inductor's wrapper frees the graph's inputs before such a
+    side-effect op and reads them after it (``UnboundLocalError: cannot access local variable 'arg0_1'``; Inductor
+    on CPU tensors fails the same way in torch 2.13): such a graph runs as Dynamo traced it, op by op."""
+    streams_ns = getattr(torch.ops, "streams", None)
+    if streams_ns is None:
+        return False
+    packets = [getattr(streams_ns, name, None) for name in _HOST_SYNC_OPS]
+    targets = {p for p in packets if p is not None} | {p.default for p in packets if p is not None}
+    return any(n.op == "call_function" and n.target in targets for n in gm.graph.nodes)
 
 
 def _dynamo_start(now: float) -> float | None:
