@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import torchneuron_lab  # noqa: F401  (registers the device)
+from tests._neuron_child import run_child
 
 MISMATCH = r"Expected all tensors to be on the same device, but found at least two devices, neuron:0 and cpu!"
 
@@ -318,3 +319,57 @@ def test_masked_fill_with_a_cpu_mask_raises_cudas_error(mask_shape: tuple[int, .
                                            r"and self on neuron:0"):
         x.masked_fill_(torch.ones(mask_shape, dtype=torch.bool), 1.0)
     assert x.cpu().tolist() == _X
+
+
+# --------------------------------------------------------------------------- nested tensors and SDPA
+
+
+def _jagged(parts: list[torch.Tensor], device: str, grad: bool) -> torch.Tensor:
+    return torch.nested.nested_tensor([p.clone() for p in parts], layout=torch.jagged, device=device,
+                                      requires_grad=grad)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_sdpa_on_jagged_nested_tensors_matches_cpu(grad: bool) -> None:
+    # torch's math path rebuilt the inputs as strided nested tensors: "operator aten::stride does not exist"
+    # without grad, an abort (rc 134) with it
+    torch.manual_seed(0)
+    parts = [torch.randn(n, 2, 8) for n in (3, 5, 2)]
+    out = {}
+    for dev in ("cpu", "neuron"):
+        base = _jagged(parts, dev, grad)
+        q = base.transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, q * 0.5, q)
+        if grad:
+            o.values().sum().backward()
+        out[dev] = (o, base.grad)
+    (oc, gc), (on, gn) = out["cpu"], out["neuron"]
+    assert on.is_nested and on.device == torch.device("neuron", 0) and on.shape[:2] == oc.shape[:2]
+    assert torch.equal(on.values().cpu(), oc.values())
+    if grad:
+        assert torch.equal(gn.values().cpu(), gc.values())
+
+
+def test_sdpa_on_jagged_nested_tensors_refuses_what_cpu_refuses() -> None:
+    parts = [torch.randn(n, 2, 8) for n in (3, 5)]
+    errors = {}
+    for dev in ("cpu", "neuron"):
+        q = _jagged(parts, dev, False).transpose(1, 2)
+        with pytest.raises(RuntimeError) as e:
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+        errors[dev] = str(e.value)
+    assert errors["neuron"] == errors["cpu"]
+
+
+def test_a_strided_nested_tensor_of_neuron_tensors_that_require_grad_raises() -> None:
+    # autograd read the new nested tensor's sizes through an op that raised inside a constructor: rc 134
+    facts = run_child("""
+        a = torch.randn(3, 8, device="neuron", requires_grad=True)
+        emit({"as_nested": outcome(lambda: torch.nested.as_nested_tensor([a, a]).is_nested),
+              "nested": outcome(lambda: torch.nested.nested_tensor([a.detach()]).is_nested),
+              "jagged": outcome(lambda: torch.nested.as_nested_tensor([a, a], layout=torch.jagged).is_nested)})
+    """, outcomes=True)
+    for name in ("as_nested", "nested"):
+        assert facts[name]["error"] == "NotImplementedError", facts
+        assert "nested (torch.strided layout)" in facts[name]["message"]
+    assert facts["jagged"] == {"value": True}

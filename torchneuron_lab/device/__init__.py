@@ -198,4 +198,7 @@ def register() -> None:
             torch.utils.generate_methods_for_privateuse1_backend(
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
             )
+        from . import _jagged_sdpa
+
+        _jagged_sdpa.install()  # SDPA on jagged nested tensors on neuron (torch's math path needs strided ones)
         _registered = True

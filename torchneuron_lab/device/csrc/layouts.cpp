@@ -23,6 +23,9 @@
 #include "neuron.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/_nested_tensor_size_native.h>
+#include <ATen/ops/_nested_tensor_storage_offsets_native.h>
+#include <ATen/ops/_nested_tensor_strides_native.h>
 #include <torch/library.h>
 
 #include <string>
@@ -64,10 +67,28 @@ void to_sparse_error(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::
   layout_error(coo ? kWhatSparse : kWhatCompressed, op);
 }
 
+// A strided nested tensor made from neuron tensors (torch.nested.as_nested_tensor, nested_tensor, the math
+// path of SDPA on jagged tensors): raised where it would be made. The op is a composite that wraps its inputs'
+// buffer without dispatching on a nested key, and autograd then read the new tensor's metadata through
+// _nested_tensor_size (below), which raised inside a constructor that may not throw: std::terminate (rc 134).
+void nested_from_list_error(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack*) {
+  layout_error("nested (torch.strided layout)", op);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"_to_sparse", "_to_sparse.sparse_dim", "_to_sparse_csr", "_to_sparse_csc",
                            "_to_sparse_bsr", "_to_sparse_bsc"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&to_sparse_error>());
+  m.impl("_nested_tensor_from_tensor_list", torch::CppFunction::makeFromBoxedFunction<&nested_from_list_error>());
+}
+
+// A nested tensor's metadata (sizes, strides, offsets of its members: CPU tensors the NestedTensorImpl holds)
+// needs no device kernel: answered as CPU and CUDA answer it, so code that only reads it (autograd recording a
+// nested output's shape) never meets the layout error in a place that cannot throw.
+TORCH_LIBRARY_IMPL(aten, NestedTensorPrivateUse1, m) {
+  m.impl("_nested_tensor_size", TORCH_FN(at::native::_nested_tensor_size));
+  m.impl("_nested_tensor_strides", TORCH_FN(at::native::_nested_tensor_strides));
+  m.impl("_nested_tensor_storage_offsets", TORCH_FN(at::native::_nested_tensor_storage_offsets));
 }
 
 bool is_compressed_constructor(const std::string& name) {  // name without "aten::"
