@@ -74,10 +74,9 @@ def _wrap(original: Any) -> Any:
 
 def install() -> None:
     """Route jagged SDPA on neuron through the composition above (idempotent)."""
-    import torch.nested._internal.ops as ops
-    import torch.nested._internal.sdpa as sdpa
+    from torch.nested._internal import ops, sdpa
 
     for module in (sdpa, ops):
         fn = getattr(module, "jagged_scaled_dot_product_attention", None)
         if fn is not None and not getattr(fn, "_torchneuron_lab", False):
-            module.jagged_scaled_dot_product_attention = _wrap(fn)
+            setattr(module, "jagged_scaled_dot_product_attention", _wrap(fn))  # noqa: B010
