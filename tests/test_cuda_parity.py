@@ -373,3 +373,34 @@ def test_a_strided_nested_tensor_of_neuron_tensors_that_require_grad_raises() ->
         assert facts[name]["error"] == "NotImplementedError", facts
         assert "nested (torch.strided layout)" in facts[name]["message"]
     assert facts["jagged"] == {"value": True}
+
+
+# --------------------------------------------------------------------------- warnings
+
+
+_RESIZED_OUT = {
+    "clamp": lambda a, d: torch.clamp(a, -0.5, 0.5, out=torch.empty(2, 2, device=d)),
+    "add": lambda a, d: torch.add(a, a, out=torch.empty(2, 2, device=d)),
+    "mm": lambda a, d: torch.mm(a, a, out=torch.empty(2, 2, device=d)),
+    "sum": lambda a, d: torch.sum(a, 0, out=torch.empty(2, 2, device=d)),
+    "gather": lambda a, d: torch.gather(a, 0, torch.zeros(4, 4, dtype=torch.long, device=d),
+                                        out=torch.empty(2, 2, device=d)),
+    "topk": lambda a, d: torch.topk(a, 2, out=(torch.empty(1, device=d), torch.empty(1, dtype=torch.long, device=d))),
+}
+
+
+@pytest.mark.parametrize("name", list(_RESIZED_OUT))
+def test_an_out_tensor_resized_warns_once_as_on_cpu(name: str) -> None:
+    # the plan's Meta kernel warned too (a garbled Python warning from torch/_prims_common, or the C++ one twice)
+    import warnings
+
+    got = {}
+    for dev in ("cpu", "neuron"):
+        a = torch.randn(4, 4, device=dev)
+        with warnings.catch_warnings(record=True) as w:
+            warnings.simplefilter("always")
+            for _ in range(2):
+                _RESIZED_OUT[name](a, dev)
+        got[dev] = [(str(x.message).split(".")[0], x.filename) for x in w]
+    assert got["neuron"] == got["cpu"]
+    assert len(got["cpu"]) >= 2

@@ -44,6 +44,8 @@
 #include <c10/util/SmallVector.h>
 #include <torch/library.h>
 
+#include <Python.h>
+
 #include <fstream>
 
 #include <algorithm>
@@ -938,6 +940,55 @@ bool plan_key(const c10::FunctionSchema& schema, const OpMeta& meta, const torch
 }
 
 // Runs the op's Meta kernel on meta twins of the arguments and records what the launch produces.
+// Warnings of a plan's Meta kernel. The plan runs the op's Meta kernel before the CPU kernel runs the call, and
+// both warn about the same call (an out= tensor of the wrong shape: "An output with one or more elements was
+// resized ..." twice, once from a Python meta kernel in torch/_prims_common with a garbled message): the Meta
+// kernel's C++ warnings go to a handler that drops them, its Python ones to an "ignore" filter for its duration.
+struct QuietWarnings {
+  struct Drop final : c10::WarningHandler {
+    void process(const c10::Warning& /*warning*/) override {}
+  };
+  Drop drop;
+  c10::WarningUtils::WarningHandlerGuard guard{&drop};
+  PyObject* ctx = nullptr;  // a warnings.catch_warnings() entered, with simplefilter("ignore")
+  QuietWarnings() {
+    if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *et, *ev, *etb;  // an exception already set on this thread stays set
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject* warnings = PyImport_ImportModule("warnings");
+    if (warnings != nullptr) {
+      ctx = PyObject_CallMethod(warnings, "catch_warnings", nullptr);
+      PyObject* entered = ctx != nullptr ? PyObject_CallMethod(ctx, "__enter__", nullptr) : nullptr;
+      PyObject* filtered = entered != nullptr ? PyObject_CallMethod(warnings, "simplefilter", "s", "ignore") : nullptr;
+      if (filtered == nullptr && ctx != nullptr && entered != nullptr) {
+        PyObject_CallMethod(ctx, "__exit__", "OOO", Py_None, Py_None, Py_None);
+      }
+      if (entered == nullptr || filtered == nullptr) Py_CLEAR(ctx);
+      Py_XDECREF(entered);
+      Py_XDECREF(filtered);
+      Py_DECREF(warnings);
+    }
+    PyErr_Clear();
+    PyErr_Restore(et, ev, etb);
+    PyGILState_Release(g);
+  }
+  ~QuietWarnings() {
+    if (ctx == nullptr || !Py_IsInitialized() || _Py_IsFinalizing()) return;
+    PyGILState_STATE g = PyGILState_Ensure();
+    PyObject *et, *ev, *etb;
+    PyErr_Fetch(&et, &ev, &etb);
+    PyObject* r = PyObject_CallMethod(ctx, "__exit__", "OOO", Py_None, Py_None, Py_None);
+    Py_XDECREF(r);
+    Py_DECREF(ctx);
+    PyErr_Clear();
+    PyErr_Restore(et, ev, etb);
+    PyGILState_Release(g);
+  }
+  QuietWarnings(const QuietWarnings&) = delete;
+  QuietWarnings& operator=(const QuietWarnings&) = delete;
+};
+
 std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMeta& meta,
                                       const torch::jit::Stack& stack, size_t base, size_t nargs,
                                       const CallState& cs, const std::vector<int64_t>& vals) {
@@ -982,6 +1033,7 @@ std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMet
     }
   }
   try {
+    QuietWarnings quiet;  // the CPU kernel gives the call's warnings
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
   } catch (...) {
     // No Meta kernel, a data-dependent shape, or a real error of the arguments (shapes, dtypes): the
