@@ -737,3 +737,26 @@ def test_fixed_shapes_create_no_signatures_after_the_first_iteration() -> None:
 def test_signatures_reject_a_bad_device() -> None:
     with pytest.raises(ValueError, match="device must be an int in"):
         signatures.count(99)
+
+
+def test_explain_counts_only_its_own_breaks_after_other_compiles() -> None:
+    # one site can have a record per Dynamo counter (transformers' `logger.warning_once` in
+    # PreTrainedModel.loss_function: "graph_break" x3 then "unimplemented" x1 after a compiled GPT-2 step);
+    # explain() keyed its "before" counts without the counter, so the later record's count stood for both and
+    # the site's earlier breaks were reported as the explained function's own (2 extra breaks)
+    from torchneuron_lab.compiler import capture
+
+    site = {"reason": "logging.Logger method not supported", "filename": "/elsewhere/modeling_utils.py",
+            "line": 4778, "location": "modeling_utils.py:4778", "counter_key": "logging.Logger method"}
+    planted = [capture.GraphBreak(**site, count=3, counter="graph_break"),
+               capture.GraphBreak(**site, count=1, counter="unimplemented")]
+    with capture._lock:
+        capture._breaks.extend(planted)
+    try:
+        rep = explain(with_two_breaks, neuron(5))
+    finally:
+        with capture._lock:
+            for b in planted:
+                capture._breaks.remove(b)
+    assert rep.break_count == 2
+    assert {b.filename for b in rep.graph_breaks} == {__file__}

@@ -93,13 +93,15 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
         torch._dynamo.reset()
         fresh = fn
     n_graphs = len(registry.records())
-    n_breaks = {(b.filename, b.line, b.counter_key): b.count for b in capture.graph_breaks()}
+    # keyed as the capture keys its records: one site can have a record per Dynamo counter (a break Dynamo
+    # first counts as "unimplemented", then as "graph_break"), and a key without the counter mixed them up
+    n_breaks = {capture._key(b): b.count for b in capture.graph_breaks()}
     n_recompiles = len(capture.recompiles())
     compiled = torch.compile(fresh, backend="neuron")
     output = compiled(*args, **kwargs)
     breaks: list[GraphBreak] = []
     for b in capture.graph_breaks():
-        before = n_breaks.get((b.filename, b.line, b.counter_key), 0)
+        before = n_breaks.get(capture._key(b), 0)
         if b.count > before:
             from dataclasses import replace
 
