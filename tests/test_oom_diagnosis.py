@@ -1,4 +1,4 @@
-"""The out-of-memory diagnosis is a pure function of the allocator state, right for each of its four causes.
+"""The out-of-memory diagnosis is a pure function of the allocator state, right for each of its seven causes.
 
 Each cause is checked twice: on hand-written figures (the pure function), and on the state a real
 emulated device reaches in a fresh process with a small HBM (the figures the allocator records at the
@@ -36,10 +36,22 @@ def test_fragmentation_metric_is_about_pieces_not_emptiness() -> None:
         ((MiB, 4 * MiB, 20 * MiB, 21 * MiB, 16 * MiB), "pool_policy"),
         ((9 * MiB, 6 * MiB, 20 * MiB, 30 * MiB, 8 * MiB), "fragmentation"),
         ((4 * MiB, 30 * MiB, 30 * MiB, 32 * MiB, 0), "device_full"),
+        # with the figures the allocator records since 2026-12-05 (limit, other stream, other pool)
+        ((8 * MiB, 44 * MiB, 56 * MiB, 64 * MiB, 8 * MiB, 64 * MiB, 8 * MiB, 0), "stream_ownership"),
+        ((MiB, 4 * MiB, 20 * MiB, 21 * MiB, 16 * MiB, 21 * MiB, 0, 16 * MiB), "pool_policy"),
+        ((16 * MiB, 20 * MiB, 20 * MiB, 64 * MiB, 0, 32 * MiB, 0, 0), "memory_fraction"),
+        ((40 * MiB, 0, 0, 64 * MiB, 0, 32 * MiB, 0, 0), "memory_fraction"),
+        ((2 * MiB, 60 * MiB, 60 * MiB, 64 * MiB, 0, 64 * MiB, 0, 0), "segment_size"),
+        ((9 * MiB, 6 * MiB, 20 * MiB, 30 * MiB, 8 * MiB, 30 * MiB, 0, 0), "fragmentation"),
+        ((4 * MiB, 30 * MiB, 30 * MiB, 32 * MiB, 0, 32 * MiB, 0, 0), "device_full"),
     ],
 )
 def test_pure_causes(figures: tuple[int, ...], cause: str) -> None:
-    d = diagnose_oom(*figures)
+    if len(figures) > 5:
+        limit, other_stream, other_pool = figures[5:]
+        d = diagnose_oom(*figures[:5], limit=limit, largest_other_stream=other_stream, largest_other_pool=other_pool)
+    else:
+        d = diagnose_oom(*figures)
     assert d.cause == cause
     assert d.advice and d.explanation and "Fix:" in str(d)
 
@@ -64,6 +76,19 @@ _SCENARIOS = {
                           "bad = lambda: torch.empty(9 << 20, dtype=torch.uint8, device='neuron')"),
     "device_full": (32, "keep = [torch.empty(30 << 20, dtype=torch.uint8, device='neuron')]\n"
                         "bad = lambda: torch.empty(4 << 20, dtype=torch.uint8, device='neuron')"),
+    # called pool_policy: the free block was the large pool's, but another stream's
+    "stream_ownership": (64, "E = lambda n: torch.empty(n, dtype=torch.uint8, device='neuron')\n"
+                             "s = torch.neuron.Stream()\n"
+                             "with torch.neuron.stream(s):\n    a = E(8 << 20); b = E(8 << 20)\n"
+                             "del a\nkeep = [b] + [E(12 << 20) for _ in range(3)]\ntorch.neuron.synchronize()\n"
+                             "bad = lambda: E(8 << 20)"),
+    # called fragmentation, "the largest free piece is 44 MiB and a 16 MiB block does not fit"
+    "memory_fraction": (64, "torch.neuron.set_per_process_memory_fraction(0.5)\n"
+                            "keep = [torch.empty(20 << 20, dtype=torch.uint8, device='neuron')]\n"
+                            "bad = lambda: torch.empty(16 << 20, dtype=torch.uint8, device='neuron')"),
+    # called fragmentation with no cached free block at all
+    "segment_size": (64, "keep = [torch.empty(12 << 20, dtype=torch.uint8, device='neuron') for _ in range(5)]\n"
+                         "bad = lambda: torch.empty(2 << 20, dtype=torch.uint8, device='neuron')"),
 }
 
 

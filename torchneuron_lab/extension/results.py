@@ -379,8 +379,12 @@ class MemoryResult(_Rich):
             return None
         from ..tracing.oom import diagnose_oom
 
+        extra = {}
+        if "largest_other_pool" in o:  # an allocator that tells the blocks apart (2026-12-05 on)
+            extra = {"limit": int(o["limit"]), "largest_other_stream": int(o["largest_other_stream"]),
+                     "largest_other_pool": int(o["largest_other_pool"])}
         return diagnose_oom(int(o["requested"]), int(o["allocated"]), int(o["reserved"]), int(o["capacity"]),
-                            int(o["largest_free_block"]))
+                            int(o["largest_free_block"]), **extra)
 
     def _oom_lines(self) -> list[str]:
         o = self.last_oom

@@ -8,11 +8,18 @@ never-reserved device memory. Before raising, the allocator has already returned
 cached segment to the device (as CUDA's does).
 
 :func:`diagnose_oom` takes the figures the allocator records at the error (``requested``,
-``allocated``, ``reserved``, ``capacity``, ``largest_free_block``) and returns one of four causes, each
-with the advice that fixes it:
+``allocated``, ``reserved``, ``capacity``, ``largest_free_block``; and, from the allocator of 2026-12-05 on,
+the per-process ``limit`` and the largest cached free block by why it could not serve the request) and
+returns one of seven causes, each with the advice that fixes it:
 
 ``request_exceeds_capacity``  the request alone is larger than the device;
+``memory_fraction``           the per-process limit (``set_per_process_memory_fraction``), not the device, is
+                              what a new segment would exceed;
+``stream_ownership``          a cached free block of the request's pool is large enough, but it belongs to
+                              another stream (a block is reused only on its stream, as CUDA's);
 ``pool_policy``               a cached free block is large enough, but it belongs to the other pool;
+``segment_size``              the request would fit in the memory not yet reserved, but the new segment it
+                              needs (2 or 20 MiB) does not, and no cached block holds it;
 ``fragmentation``             enough bytes are free in total, but no free piece is large enough;
 ``device_full``               live tensors plus the request exceed the capacity.
 """
@@ -74,17 +81,30 @@ def _fmt(n: float) -> str:
     return f"{int(n)} B"
 
 
-def diagnose_oom(requested: int, allocated: int, reserved: int, capacity: int,
-                 largest_free_block: int) -> OomDiagnosis:
-    """The cause of an out-of-memory error from the allocator's state at that moment (pure; see module doc)."""
-    if min(requested, allocated, reserved, capacity, largest_free_block) < 0:
-        raise ValueError("allocator figures must be >= 0, got "
-                         f"{(requested, allocated, reserved, capacity, largest_free_block)}")
+def diagnose_oom(requested: int, allocated: int, reserved: int, capacity: int, largest_free_block: int, *,
+                 limit: int | None = None, largest_other_stream: int = 0,
+                 largest_other_pool: int | None = None) -> OomDiagnosis:
+    """The cause of an out-of-memory error from the allocator's state at that moment (pure; see module doc).
+
+    ``limit``: what this process may reserve (``capacity`` unless a memory fraction is set);
+    ``largest_other_stream``: the largest cached free block of the request's pool that belongs to another
+    stream; ``largest_other_pool``: the largest one of the other pool (``None``: figures from an allocator that
+    did not tell them apart, when ``largest_free_block`` stands for it).
+    """
+    figures = (requested, allocated, reserved, capacity, largest_free_block, largest_other_stream)
+    if min(figures) < 0 or (limit is not None and limit < 0) or (largest_other_pool or 0) < 0:
+        raise ValueError(f"allocator figures must be >= 0, got {figures + (limit, largest_other_pool)}")
     size = round_request(requested)
+    seg = segment_for(requested)
     pool = "small" if size <= SMALL_SIZE else "large"
     other = "large" if pool == "small" else "small"
+    limit = capacity if limit is None else min(limit, capacity)
     never_reserved = max(capacity - reserved, 0)
+    reservable = max(limit - reserved, 0)  # what this process may still reserve
     cached_free = max(reserved - allocated, 0)
+    other_pool = largest_free_block if largest_other_pool is None else largest_other_pool
+    fraction_advice = ("raise the limit (torch.neuron.set_per_process_memory_fraction) or free what is no "
+                       "longer needed and call torch.neuron.empty_cache()")
     if requested > capacity:
         return OomDiagnosis(
             "request_exceeds_capacity",
@@ -92,26 +112,58 @@ def diagnose_oom(requested: int, allocated: int, reserved: int, capacity: int,
             "make the tensor smaller: a smaller batch or sequence length, a lower precision (bfloat16), or "
             "split the work (chunk the batch, shard the model across neuron devices)",
         )
-    if largest_free_block >= size:
+    if requested > limit:
+        return OomDiagnosis(
+            "memory_fraction",
+            f"the request ({_fmt(requested)}) is larger than what this process may reserve ({_fmt(limit)} of the "
+            f"device's {_fmt(capacity)}: torch.neuron.set_per_process_memory_fraction)",
+            fraction_advice,
+        )
+    if largest_other_stream >= size:
+        return OomDiagnosis(
+            "stream_ownership",
+            f"a cached free block of {_fmt(largest_other_stream)} in the {pool} pool would hold the {_fmt(size)} "
+            f"request, but it belongs to another stream (a freed block is reused only on the stream it was "
+            f"allocated on, as CUDA's allocator does), and a new {_fmt(seg)} segment needs more than the "
+            f"{_fmt(reservable)} that may still be reserved",
+            "allocate on the stream that freed the memory, or synchronize and call torch.neuron.empty_cache() to "
+            "return wholly free segments; Tensor.record_stream marks a tensor used on another stream",
+        )
+    if other_pool >= size:
         return OomDiagnosis(
             "pool_policy",
-            f"a cached free block of {_fmt(largest_free_block)} would hold the {_fmt(size)} request, but it "
+            f"a cached free block of {_fmt(other_pool)} would hold the {_fmt(size)} request, but it "
             f"belongs to the {other} pool, and {pool}-pool requests are served only from {pool}-pool "
-            f"segments; a new {_fmt(segment_for(requested))} segment needs more than the "
-            f"{_fmt(never_reserved)} never reserved",
+            f"segments; a new {_fmt(seg)} segment needs more than the "
+            f"{_fmt(reservable)} that may still be reserved",
             f"free the tensors that keep the {other}-pool segment partly used and call "
             "torch.neuron.empty_cache() so its memory can be reserved again, or create this tensor before "
             "the large ones",
         )
-    if never_reserved + cached_free >= size:
+    if cached_free >= size:
         return OomDiagnosis(
             "fragmentation",
-            f"{_fmt(never_reserved + cached_free)} is free in total ({_fmt(cached_free)} cached in partly "
-            f"used segments, {_fmt(never_reserved)} never reserved), but the largest free piece is "
-            f"{_fmt(max(largest_free_block, never_reserved))} and a {_fmt(size)} block (new segment: "
-            f"{_fmt(segment_for(requested))}) does not fit",
+            f"{_fmt(cached_free)} is cached free in partly used segments, more than the {_fmt(size)} request, "
+            f"but in pieces: the largest is {_fmt(largest_free_block)}, and a new {_fmt(seg)} segment needs more "
+            f"than the {_fmt(reservable)} that may still be reserved",
             "allocate long-lived large tensors first and temporaries after, reuse buffers (out=, in-place), or "
             "free the tensors pinning the partly used segments and call torch.neuron.empty_cache()",
+        )
+    if reservable < seg <= never_reserved:
+        return OomDiagnosis(
+            "memory_fraction",
+            f"a new {_fmt(seg)} segment for the {_fmt(size)} request would fit in the {_fmt(never_reserved)} of the "
+            f"device never reserved, but this process may reserve only {_fmt(limit)} of {_fmt(capacity)} "
+            f"(torch.neuron.set_per_process_memory_fraction) and has {_fmt(reserved)} reserved",
+            fraction_advice,
+        )
+    if size <= reservable < seg:
+        return OomDiagnosis(
+            "segment_size",
+            f"the {_fmt(size)} request would fit in the {_fmt(reservable)} that may still be reserved, but no cached "
+            f"free block holds it and a {pool}-pool request needs a whole new {_fmt(seg)} segment",
+            "free what is no longer needed and call torch.neuron.empty_cache() (cached segments are released "
+            "only when wholly free), or allocate the long-lived tensors first so the segments fill up",
         )
     return OomDiagnosis(
         "device_full",

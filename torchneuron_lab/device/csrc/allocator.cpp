@@ -107,6 +107,14 @@ struct TraceEntry {
 struct OomInfo {
   bool valid = false;
   int64_t requested = 0, allocated = 0, reserved = 0, capacity = 0, largest_free_block = 0;
+  // What the diagnosis needs to tell the causes apart (tracing/oom.py): the per-process limit, the pool and
+  // stream of the request, and the largest cached free block it could not use, by reason.
+  int64_t limit = 0, segment = 0;
+  int stream = 0;
+  bool small = false;
+  int64_t largest_usable = 0;        // same pool, same stream (fits: the request was not that large)
+  int64_t largest_other_stream = 0;  // same pool, another stream's block (reused only on its stream)
+  int64_t largest_other_pool = 0;    // the other pool's (never serves this pool's requests)
   int64_t time_ns = 0;
   std::string message;
   std::shared_ptr<c10::GatheredContext> context;
@@ -163,7 +171,7 @@ class DeviceAllocator {
     process_pending();
     // Every size enters here: a request beyond the capacity can never be met (and would overflow the
     // rounding below, e.g. a size_t made from a negative or overflowed byte count): out of memory.
-    if (n > static_cast<size_t>(limit_)) raise_oom(n, n, ctx, lock);
+    if (n > static_cast<size_t>(limit_)) raise_oom(n, n, ctx, lock, n <= kSmallSize, stream);
     const size_t size = round_size(n);
     const bool small = size <= kSmallSize;
     Block* block = find_free(small, size, stream, limit);
@@ -489,7 +497,7 @@ class DeviceAllocator {
       ptr = static_cast<char*>(std::aligned_alloc(kSegmentAlign, seg));
     }
     if (ptr == nullptr) {
-      raise_oom(requested, seg, ctx, lock);
+      raise_oom(requested, seg, ctx, lock, small, stream);
     }
     auto* b = new Block(device_, seg, ptr, small);
     b->stream = stream;
@@ -511,7 +519,7 @@ class DeviceAllocator {
   }
 
   [[noreturn]] void raise_oom(uint64_t requested, uint64_t seg, std::shared_ptr<c10::GatheredContext> ctx,
-                              std::unique_lock<std::mutex>& lock) {
+                              std::unique_lock<std::mutex>& lock, bool small, int stream) {
     stats_.num_ooms++;
     const int64_t allocated = stats_.allocated_bytes[kAll].current;
     const int64_t reserved = stats_.reserved_bytes[kAll].current;
@@ -542,6 +550,16 @@ class DeviceAllocator {
     last_oom_.reserved = reserved;
     last_oom_.capacity = capacity_;
     last_oom_.largest_free_block = largest;
+    last_oom_.limit = limit_;
+    last_oom_.segment = static_cast<int64_t>(std::min<uint64_t>(seg, INT64_MAX));
+    last_oom_.stream = stream;
+    last_oom_.small = small;
+    last_oom_.largest_usable = last_oom_.largest_other_stream = last_oom_.largest_other_pool = 0;
+    for (Block* b : pool(small)) {
+      int64_t& slot = b->stream == stream ? last_oom_.largest_usable : last_oom_.largest_other_stream;
+      slot = std::max<int64_t>(slot, b->size);
+    }
+    for (Block* b : pool(!small)) last_oom_.largest_other_pool = std::max<int64_t>(last_oom_.largest_other_pool, b->size);
     last_oom_.time_ns = now_ns();
     last_oom_.message = m.str();
     last_oom_.context = ctx;

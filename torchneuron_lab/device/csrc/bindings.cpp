@@ -319,6 +319,13 @@ py::object last_oom_py(int device) {
   d["reserved"] = o.reserved;
   d["capacity"] = o.capacity;
   d["largest_free_block"] = o.largest_free_block;
+  d["limit"] = o.limit;
+  d["segment"] = o.segment;
+  d["stream"] = o.stream;
+  d["pool"] = o.small ? "small" : "large";
+  d["largest_usable"] = o.largest_usable;
+  d["largest_other_stream"] = o.largest_other_stream;
+  d["largest_other_pool"] = o.largest_other_pool;
   d["time_ns"] = o.time_ns;
   d["message"] = o.message;
   d["frames"] = symbolize_all({o.context})[0];
