@@ -383,3 +383,36 @@ def test_import_torch_alone_makes_neuron_available() -> None:
         """
     )
     assert facts == {"device": "neuron:0", "imported": True, "accelerator": "neuron", "has_module": True}
+
+
+def test_device_properties_are_an_object_with_cudas_attributes() -> None:
+    # a dict: props.total_memory / props.major / props.multi_processor_count raised AttributeError
+    p = torch.neuron.get_device_properties(1)
+    assert (p.major, p.minor) == torch.neuron.get_device_capability(1)
+    assert p.total_memory == torch.neuron.mem_get_info(1)[1]
+    assert p.name == torch.neuron.get_device_name(1) and p.index == 1
+    assert p.multi_processor_count == torch.get_num_threads() and p.is_integrated is False
+    assert p["total_memory"] == p.total_memory  # the dict form of earlier versions
+    assert repr(p).startswith("_NeuronDeviceProperties(name='Emulated NeuronCore")
+
+
+def test_device_queries_validate_and_negative_indices_do_nothing_as_cudas() -> None:
+    # get_device_name(5) and get_device_name("cpu") answered; set_device(-1) raised
+    with pytest.raises(RuntimeError, match="Invalid device"):
+        torch.neuron.get_device_name(5)
+    with pytest.raises(ValueError, match="Expected a neuron device"):
+        torch.neuron.get_device_name("cpu")
+    before = torch.neuron.current_device()
+    torch.neuron.set_device(-1)
+    with torch.neuron.device(-1):
+        assert torch.neuron.current_device() == before
+    assert torch.neuron.current_device() == before
+
+
+def test_torch_neuron_memory_is_importable_as_a_module() -> None:
+    # `from torch.cuda.memory import _record_memory_history` is the form torch's memory docs use
+    import importlib
+
+    mod = importlib.import_module("torch.neuron.memory")
+    assert mod is torch.neuron.memory
+    from torch.neuron.memory import _record_memory_history  # noqa: F401

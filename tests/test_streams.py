@@ -181,6 +181,10 @@ def test_event_elapsed_time_measures_the_device() -> None:
         start.elapsed_time(plain)
     with pytest.raises(RuntimeError, match="cannot be shared between processes"):
         torch.neuron.Event(interprocess=True)
+    # CUDA's keyword (a TypeError before): accepted; an external event (for graph capture) is refused
+    torch.neuron.Event(enable_timing=False, blocking=False, interprocess=False, external=False).record()
+    with pytest.raises(RuntimeError, match="cannot be external"):
+        torch.neuron.Event(external=True)
 
 
 def test_event_time_agrees_with_the_recorder() -> None:

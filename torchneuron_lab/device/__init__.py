@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -194,6 +195,8 @@ def register() -> None:
 
         if not hasattr(torch, DEVICE_TYPE):
             torch._register_device_module(DEVICE_TYPE, neuron_module)
+        # `from torch.neuron.memory import _record_memory_history` (the form torch.cuda's memory docs use)
+        sys.modules.setdefault(f"torch.{DEVICE_TYPE}.memory", neuron_module.memory)
         if not hasattr(torch.Tensor, "is_neuron"):
             torch.utils.generate_methods_for_privateuse1_backend(
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True

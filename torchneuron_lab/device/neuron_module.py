@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 from typing import Any
 
 import torch
@@ -161,7 +162,9 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
-    """Set the current neuron device (like ``torch.cuda.set_device``)."""
+    """Set the current neuron device (like ``torch.cuda.set_device``: a negative index does nothing)."""
+    if isinstance(device, int) and not isinstance(device, bool) and device < 0:
+        return
     _lib().set_device(_index(device))
 
 
@@ -169,7 +172,8 @@ class device:
     """Context manager that changes the current neuron device (like ``torch.cuda.device``)."""
 
     def __init__(self, device: _DeviceLike) -> None:
-        self.idx = -1 if device is None else _index(device)
+        negative = isinstance(device, int) and not isinstance(device, bool) and device < 0  # a no-op, as CUDA's
+        self.idx = -1 if device is None or negative else _index(device)
         self.prev_idx = -1
 
     def __enter__(self) -> None:
@@ -284,10 +288,13 @@ class Event(torch.Event):
     ``synchronize``, ``elapsed_time`` (milliseconds between two timed events, measured on the device)."""
 
     def __new__(  # noqa: PYI034
-        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, device: _DeviceLike = None
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, external: bool = False,
+        device: _DeviceLike = None,
     ) -> Event:
         if interprocess:
             raise RuntimeError("neuron events cannot be shared between processes (the emulated device has no IPC)")
+        if external:  # CUDA's external events are recorded into CUDA graphs as nodes
+            raise RuntimeError("neuron events cannot be external (the emulated device has no graph capture)")
         return super().__new__(  # type: ignore[call-arg]
             cls, device=torch.device("neuron", _index(device)), enable_timing=enable_timing, blocking=blocking
         )
@@ -374,23 +381,50 @@ def stream(stream: torch.Stream | None) -> StreamContext:
 def get_device_name(device: _DeviceLike = None) -> str:
     from . import profile
 
+    _index(device)  # CUDA's goes through get_device_properties: a bad device raises
     return f"Emulated NeuronCore ({profile().name}, host CPU kernels)"
 
 
-def get_device_properties(device: _DeviceLike = None) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class _NeuronDeviceProperties:
+    """What ``torch.neuron.get_device_properties`` returns: the attributes of CUDA's ``_CudaDeviceProperties``
+    that code reads (``name``, ``total_memory``, ``major``/``minor``, ``multi_processor_count``, ...) and the
+    emulator's own. Item access (``props["total_memory"]``) still works, as the dict of earlier versions did."""
+
+    name: str
+    major: int
+    minor: int
+    total_memory: int
+    multi_processor_count: int  # the intra-op threads a device kernel runs with (it runs on host CPU cores)
+    is_integrated: bool
+    L2_cache_size: int
+    index: int
+    profile: str
+    emulated: bool
+    num_devices: int
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
+
+    def __repr__(self) -> str:
+        return (f"_NeuronDeviceProperties(name={self.name!r}, major={self.major}, minor={self.minor}, "
+                f"total_memory={self.total_memory // (1 << 20)}MB, multi_processor_count="
+                f"{self.multi_processor_count}, profile={self.profile!r}, emulated=True)")
+
+
+def get_device_properties(device: _DeviceLike = None) -> _NeuronDeviceProperties:
     from . import current_config, profile
 
     idx = _index(device)
-    cfg = current_config()
-    prof = profile()
-    return {
-        "name": get_device_name(idx),
-        "index": idx,
-        "total_memory": int(_lib().capacity(idx)),
-        "profile": prof.name,
-        "emulated": True,
-        "num_devices": cfg["num_devices"],
-    }
+    major, minor = get_device_capability(idx)
+    return _NeuronDeviceProperties(
+        name=get_device_name(idx), major=major, minor=minor, total_memory=int(_lib().capacity(idx)),
+        multi_processor_count=torch.get_num_threads(), is_integrated=False, L2_cache_size=0, index=idx,
+        profile=profile().name, emulated=True, num_devices=int(current_config()["num_devices"]),
+    )
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
