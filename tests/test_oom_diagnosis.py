@@ -77,18 +77,18 @@ _SCENARIOS = {
     "device_full": (32, "keep = [torch.empty(30 << 20, dtype=torch.uint8, device='neuron')]\n"
                         "bad = lambda: torch.empty(4 << 20, dtype=torch.uint8, device='neuron')"),
     # called pool_policy: the free block was the large pool's, but another stream's
-    "stream_ownership": (64, "E = lambda n: torch.empty(n, dtype=torch.uint8, device='neuron')\n"
-                             "s = torch.neuron.Stream()\n"
-                             "with torch.neuron.stream(s):\n    a = E(8 << 20); b = E(8 << 20)\n"
-                             "del a\nkeep = [b] + [E(12 << 20) for _ in range(3)]\ntorch.neuron.synchronize()\n"
-                             "bad = lambda: E(8 << 20)"),
+    "stream_ownership": (64, ("E = lambda n: torch.empty(n, dtype=torch.uint8, device='neuron')\n"
+                              "s = torch.neuron.Stream()\n"
+                              "with torch.neuron.stream(s):\n    a = E(8 << 20); b = E(8 << 20)\n"
+                              "del a\nkeep = [b] + [E(12 << 20) for _ in range(3)]\ntorch.neuron.synchronize()\n"
+                              "bad = lambda: E(8 << 20)")),
     # called fragmentation, "the largest free piece is 44 MiB and a 16 MiB block does not fit"
-    "memory_fraction": (64, "torch.neuron.set_per_process_memory_fraction(0.5)\n"
-                            "keep = [torch.empty(20 << 20, dtype=torch.uint8, device='neuron')]\n"
-                            "bad = lambda: torch.empty(16 << 20, dtype=torch.uint8, device='neuron')"),
+    "memory_fraction": (64, ("torch.neuron.set_per_process_memory_fraction(0.5)\n"
+                             "keep = [torch.empty(20 << 20, dtype=torch.uint8, device='neuron')]\n"
+                             "bad = lambda: torch.empty(16 << 20, dtype=torch.uint8, device='neuron')")),
     # called fragmentation with no cached free block at all
-    "segment_size": (64, "keep = [torch.empty(12 << 20, dtype=torch.uint8, device='neuron') for _ in range(5)]\n"
-                         "bad = lambda: torch.empty(2 << 20, dtype=torch.uint8, device='neuron')"),
+    "segment_size": (64, ("keep = [torch.empty(12 << 20, dtype=torch.uint8, device='neuron') for _ in range(5)]\n"
+                          "bad = lambda: torch.empty(2 << 20, dtype=torch.uint8, device='neuron')")),
 }
 
 

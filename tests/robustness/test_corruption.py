@@ -271,3 +271,77 @@ def test_deterministic_mode_fills_uninitialised_memory_like_cpu() -> None:
     assert facts["int64_strided"] == [2**63 - 1] * 2
     assert facts["bool"] == [True, True]
     assert facts["resize_growth"] == [[0.0, 0.0], True]
+
+
+# --------------------------------------------------------------------------- found by a differential fuzzer
+
+def _outcome(fn):  # the value or the exception (type, first line without the lab's suffix)
+    try:
+        value = fn()
+    except Exception as e:  # noqa: BLE001
+        return (type(e).__name__, str(e).split(" (while running")[0].splitlines()[0])
+    return value
+
+
+def _both(fn):
+    return {dev: _outcome(lambda d=dev: fn(d)) for dev in ("cpu", "neuron")}
+
+
+def test_an_argument_in_two_slots_is_one_tensor_as_on_cpu() -> None:
+    # out= (or self of an in-place op) that is also an input was two CPU aliases: resizing the out did not
+    # change the input (wrong sums, CPU's shape errors missing), and a strided view passed as self and src
+    # escaped CPU's overlap check
+    import torch
+
+    def sum_out(d: str) -> object:
+        t = torch.arange(1.0, 4.0, device=d)
+        torch.sum(t, 0, out=t)
+        return (tuple(t.shape), t.tolist())
+
+    def sum_out_3d(d: str) -> object:
+        t = torch.arange(12, dtype=torch.int32, device=d).reshape(2, 3, 2)
+        torch.sum(t, 2, out=t)
+        return t.tolist()
+
+    def maximum_out(d: str) -> object:
+        a = torch.tensor(2.0, device=d)
+        torch.maximum(a, torch.ones(6, 1, device=d), out=a)
+        return tuple(a.shape)
+
+    def logical_xor_(d: str) -> object:
+        a = torch.arange(1.0, 7.0, device=d).reshape(3, 2)
+        a.logical_xor_(torch.ones(1, 3, 2, device=d))
+        return tuple(a.shape)
+
+    def scatter_add_self_view(d: str) -> object:
+        x = torch.arange(1.0, 5.0, device=d)
+        v = x[::2]
+        v.scatter_add_(0, torch.tensor([0, 1], device=d), v)
+        return x.tolist()
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "An output with one or more elements was resized"
+        for fn in (sum_out, sum_out_3d, maximum_out, logical_xor_, scatter_add_self_view):
+            got = _both(fn)
+            assert got["neuron"] == got["cpu"], (fn.__name__, got)
+
+
+def test_a_new_shape_of_a_trusted_structure_gets_cpus_layout_for_a_sized_out() -> None:
+    # an empty out= sized like its transposed input on CPU, contiguous by the Meta kernel: the key matched
+    # (the out's layout was not compared), its structure was trusted, and the fourth shape got Meta's strides
+    import torch
+
+    def layouts(d: str) -> list[tuple[int, ...]]:
+        res = []
+        for n in (2, 3, 4, 5, 6, 7):
+            x = torch.arange(n * 3, dtype=torch.int32, device=d).reshape(n, 3).t()
+            o = torch.empty(0, dtype=torch.int32, device=d)
+            torch.neg(x, out=o)
+            res.append(o.stride())
+            t = torch.full((n, 1, 16), 5.0, device=d).unfold(0, 2, 1)
+            res.append(torch.logical_or(t, torch.ones(n - 1, 1, 16, 2, device=d)).stride())
+        return res
+
+    assert layouts("neuron") == layouts("cpu")

@@ -463,6 +463,16 @@ at::Tensor cpu_view_on(const at::Tensor& t, const c10::Storage& cpu_storage) {
 // overlap checks (which compare storages) see the aliasing exactly as they would on CPU.
 at::Tensor alias_in(CallState& cs, const at::Tensor& t, bool writable) {
   c10::StorageImpl* ns = t.storage().unsafeGetStorageImpl();
+  // The same tensor in two argument slots (`torch.sum(t, 0, out=t)`, `v.scatter_add_(0, i, v)`) is one CPU
+  // tensor, as on CPU, where kernels compare TensorImpls: with two aliases, an out= that is also an input was
+  // resized without the input changing (CPU's "output with shape [] doesn't match the broadcast shape" missing,
+  // wrong sums), and a strided view passed as both self and src escaped CPU's overlap error.
+  for (auto& in : cs.ins) {
+    if (in.original.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+      in.writable = in.writable || writable;
+      return in.alias;
+    }
+  }
   for (auto& in : cs.ins) {
     if (in.original.storage().unsafeGetStorageImpl() == ns) {
       at::Tensor a = cpu_view_on(t, in.alias.storage());
@@ -1002,6 +1012,8 @@ std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMet
     if (!t.defined()) return t;
     for (size_t k = 0; k < cs.ins.size(); ++k)
       if (cs.ins[k].alias.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
+        for (const auto& [m, j] : twins)
+          if (j == k) return m;  // one tensor in two slots: one twin, as one alias (alias_in)
         at::Tensor m = meta_twin(t, mstorages);
         twins.emplace_back(m, k);
         return m;
@@ -1165,15 +1177,30 @@ bool same_kind(const at::Tensor& t, const LaunchPlan::Out& o, const CallState& c
          t.storage_offset() == 0;
 }
 
+bool same_layout(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
+  if (!t.sizes().equals(sizes)) return false;
+  for (int64_t d = 0; d < t.dim(); ++d)  // strides of size-1 dims carry no layout
+    if (t.size(d) > 1 && t.stride(d) != strides[d]) return false;
+  return true;
+}
+
+// The written arguments the plan sizes at the launch (resizes) must get the CPU kernel's geometry too: an
+// empty out= tensor CPU's TensorIterator sizes like its input (`torch.neg(x.t(), out=empty(0))`: strides
+// (1, n)) where the Meta kernel makes it contiguous. Unchecked, such a key was confirmed, its structure
+// trusted, and a new shape of it got the Meta layout (`o.view(-1)` worked where CPU's raises).
+bool resizes_match(const LaunchPlan& plan, const CallState& cs) {
+  for (const auto& r : plan.resizes)
+    if (!same_layout(cs.ins[r.input].original, r.sizes, r.strides)) return false;
+  return true;
+}
+
 bool plan_matches(const LaunchPlan& plan, const torch::jit::Stack& stack, size_t rbase, size_t nret,
                   const CallState& cs) {
   return walk_results(plan, stack, rbase, nret, [&](const at::Tensor& t, size_t, const LaunchPlan::Out& o) {
     if (!same_kind(t, o, cs)) return false;
     if (o.kind != LaunchPlan::Out::New) return true;
-    for (int64_t d = 0; d < t.dim(); ++d)  // strides of size-1 dims carry no layout
-      if (t.size(d) > 1 && t.stride(d) != o.strides[d]) return false;
-    return true;
-  });
+    return same_layout(t, o.sizes, o.strides);
+  }) && resizes_match(plan, cs);
 }
 
 // A Meta kernel may pick another layout than the CPU kernel for the same arguments (a channels-last
@@ -1198,7 +1225,13 @@ std::shared_ptr<LaunchPlan> plan_with_cpu_strides(const LaunchPlan& plan, const 
     fixed->outs[i].strides = t.strides().vec();
     return true;
   });
-  return ok ? fixed : nullptr;
+  if (!ok) return nullptr;
+  for (auto& r : fixed->resizes) {  // a sized out= argument: the CPU kernel's layout, when it is a dense one
+    const at::Tensor& t = cs.ins[r.input].original;
+    if (!t.sizes().equals(r.sizes) || !t.is_non_overlapping_and_dense() || t.storage_offset() != 0) return nullptr;
+    r.strides = t.strides().vec();
+  }
+  return fixed;
 }
 
 // After a functional kernel ran on the worker: its results (the stack, returns flattened in order) land in
