@@ -420,3 +420,21 @@ def test_a_host_synchronisation_inside_a_compiled_function_runs(sync: str) -> No
     got = torch.compile(g, backend="neuron")(x)
     assert got.cpu().tolist() == [3.0, 6.0, 9.0, 12.0]
     torch._dynamo.reset()
+
+
+def test_attention_compiles_with_dynamic_shapes() -> None:
+    # the SDPA choice aliased Dynamo's fake tensors to CPU ones, which a symbolic storage size cannot be:
+    # "Expected !size_bytes_is_heap_allocated_" while tracing, so a second input shape (automatic dynamic
+    # shapes) or dynamic=True broke any compiled attention on neuron
+    layer = nn.TransformerEncoderLayer(d_model=32, nhead=4, dropout=0.0, batch_first=True).eval()
+    mod = copy.deepcopy(layer).to("neuron")
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        fn = torch.compile(mod, backend="neuron", dynamic=True)
+        with torch.no_grad():
+            for b, s in ((2, 8), (3, 5)):
+                x = torch.randn(b, s, 32)
+                torch.testing.assert_close(fn(x.to("neuron")).cpu(), layer(x))
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+        torch._dynamo.reset()

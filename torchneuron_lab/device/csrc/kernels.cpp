@@ -364,6 +364,9 @@ const OpMeta& op_meta_slow(const c10::OperatorHandle& op) {
 // made (`t.untyped_storage().resize_(0)`, a smaller `resize_` of a shared storage) would have the kernel read
 // or write outside the device's block (a segfault, or another tensor's memory). Raised at the launch instead.
 void check_storage_holds(const at::Tensor& t) {
+  // (fake tensors with symbolic sizes reach alias_in through _fused_sdp_choice while Dynamo traces: nothing
+  // is read through them, and their sizes cannot be computed)
+  if (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) return;
   const c10::StorageImpl* st = t.storage().unsafeGetStorageImpl();
   if (st == nullptr || t.numel() == 0) return;
   const size_t need = at::detail::computeStorageNbytes(t.sizes(), t.strides(), t.dtype().itemsize(),
@@ -2938,6 +2941,16 @@ namespace {
 int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double dropout, bool causal,
                           std::optional<double> scale, bool gqa) {
+  // Symbolic shapes (Dynamo tracing with dynamic shapes: fake tensors whose storage size is symbolic) cannot be
+  // aliased; the choice reads only metadata (sizes, strides, dtypes, requires_grad), which the tensors carry:
+  // CPU's rules on them directly. An alias of such a tensor raised "Expected !size_bytes_is_heap_allocated_"
+  // inside Dynamo's fake run: compiling attention with dynamic shapes (a second input shape) failed.
+  auto symbolic = [](const at::Tensor& t) {
+    return t.defined() && (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+                           t.storage().unsafeGetStorageImpl()->sym_nbytes().is_heap_allocated());
+  };
+  if (symbolic(q) || symbolic(k) || symbolic(v) || (mask.has_value() && symbolic(*mask)))
+    return at::native::_fused_sdp_choice_cpp(q, k, v, mask, dropout, causal, scale, gqa);
   // The CPU choice reads requires_grad (a mask that requires grad needs math): the aliases keep it.
   HostCall call(q.device().index(), /*wait=*/false);
   auto in = [&](const at::Tensor& t) {
