@@ -470,10 +470,14 @@ at::Tensor alias_in(CallState& cs, const at::Tensor& t, bool writable) {
   // tensor, as on CPU, where kernels compare TensorImpls: with two aliases, an out= that is also an input was
   // resized without the input changing (CPU's "output with shape [] doesn't match the broadcast shape" missing,
   // wrong sums), and a strided view passed as both self and src escaped CPU's overlap error.
+  // (Each slot keeps its entry, so what walks the arguments -- recorded shapes, plan keys -- sees every slot;
+  // the first entry is writable when any slot writes, as the Meta twin and the write-back look at it.)
   for (auto& in : cs.ins) {
     if (in.original.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) {
       in.writable = in.writable || writable;
-      return in.alias;
+      AliasIn same = in;  // (push_back may move the entries)
+      cs.ins.push_back(std::move(same));
+      return cs.ins.back().alias;
     }
   }
   for (auto& in : cs.ins) {
