@@ -1329,10 +1329,14 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
   for (size_t k = 0; k < cs.ins.size(); ++k) {
     if (!cs.ins[k].writable) continue;
     if (at::has_internal_overlap(cs.ins[k].alias) == at::MemOverlap::Yes) return false;
-    for (size_t j = 0; j < cs.ins.size(); ++j)
-      if (j != k && cs.ins[j].alias_storage == cs.ins[k].alias_storage &&
-          !(meta.pointwise && !cs.ins[j].writable && same_view(cs.ins[j].original, cs.ins[k].original)))
-        return false;
+    for (size_t j = 0; j < cs.ins.size(); ++j) {
+      if (j == k || cs.ins[j].alias_storage != cs.ins[k].alias_storage) continue;
+      // the same tensor in two slots (alias_in gives them one alias), or an unwritten exact view of it
+      const bool same_tensor = cs.ins[j].alias.unsafeGetTensorImpl() == cs.ins[k].alias.unsafeGetTensorImpl();
+      if (meta.pointwise && (same_tensor || (!cs.ins[j].writable && same_view(cs.ins[j].original, cs.ins[k].original))))
+        continue;
+      return false;
+    }
   }
   auto alias_index = [&](const at::Tensor& t) -> int {
     for (size_t k = 0; k < cs.ins.size(); ++k)
