@@ -161,9 +161,14 @@ def current_device() -> int:
     return int(_lib().current_device())
 
 
+def _no_device(device: _DeviceLike) -> bool:
+    """A negative index: ``torch.cuda.set_device`` and ``torch.cuda.device`` do nothing with one."""
+    return isinstance(device, int) and not isinstance(device, bool) and device < 0
+
+
 def set_device(device: _DeviceLike) -> None:
     """Set the current neuron device (like ``torch.cuda.set_device``: a negative index does nothing)."""
-    if isinstance(device, int) and not isinstance(device, bool) and device < 0:
+    if _no_device(device):
         return
     _lib().set_device(_index(device))
 
@@ -172,8 +177,7 @@ class device:
     """Context manager that changes the current neuron device (like ``torch.cuda.device``)."""
 
     def __init__(self, device: _DeviceLike) -> None:
-        negative = isinstance(device, int) and not isinstance(device, bool) and device < 0  # a no-op, as CUDA's
-        self.idx = -1 if device is None or negative else _index(device)
+        self.idx = -1 if device is None or _no_device(device) else _index(device)
         self.prev_idx = -1
 
     def __enter__(self) -> None:
