@@ -9,6 +9,8 @@ The implementation is torchneuron_lab/device/csrc/cuda_parity.cpp.
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -404,3 +406,101 @@ def test_an_out_tensor_resized_warns_once_as_on_cpu(name: str) -> None:
         got[dev] = [(str(x.message).split(".")[0], x.filename) for x in w]
     assert got["neuron"] == got["cpu"]
     assert len(got["cpu"]) >= 2
+
+
+# --- complex32 and the other upcast dtypes: the result dtype and the checks are the op's own -------------------
+with warnings.catch_warnings():  # "ComplexHalf support is experimental"
+    warnings.simplefilter("ignore")
+    _XC = torch.tensor([0.25 + 1j, -1.5 + 0.5j, 3 - 2j, 40 + 0.125j], dtype=torch.complex64).to(torch.complex32)
+_C64 = torch.tensor([1 / 3 + 0j, 1e-4j, 2 + 0j, 1e5 + 0j], dtype=torch.complex64)
+_F32 = torch.tensor([3.0, 7.0, 0.1, 1e4])
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["div_chalf_f32", "div_c64_chalf", "pow_c64_chalf", "pow_chalf_f32", "logaddexp", "prod_dtype_c64", "sum_dtype_c64",
+     "sum_all_dtype_c64"],
+)
+def test_complex32_promoted_to_a_wider_dtype_runs_as_on_cpu(name: str) -> None:
+    # complex32 with a wider operand or `dtype=complex64` computes in complex64 on CPU (and CUDA): the result
+    # was narrowed back to complex32 (inf where complex64 holds the value)
+    calls = {
+        "div_chalf_f32": lambda d: torch.div(_XC.to(d), _F32.to(d)),
+        "div_c64_chalf": lambda d: torch.div(_C64.to(d), _XC.to(d)),
+        "pow_c64_chalf": lambda d: torch.pow(_C64.to(d), _XC.to(d)),
+        "pow_chalf_f32": lambda d: torch.pow(_XC.to(d), _F32.to(d)),
+        "logaddexp": lambda d: torch.logaddexp(_XC.to(d), _C64.to(d)),
+        "prod_dtype_c64": lambda d: (_XC * 100).to(d).prod(0, dtype=torch.complex64),
+        "sum_dtype_c64": lambda d: (_XC * 1000).to(d).sum(0, dtype=torch.complex64),
+        "sum_all_dtype_c64": lambda d: (_XC * 1000).to(d).sum(dtype=torch.complex64),
+    }
+    expected = calls[name]("cpu")
+    got = calls[name]("neuron").cpu()
+    assert got.dtype == expected.dtype == torch.complex64
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("source", ["complex32", "complex64"])
+def test_complex32_reductions_with_dtype_complex32_as_cuda(source: str) -> None:
+    # CUDA's sum/prod kernels have complex32: computed in complex64 here, narrowed to the asked dtype
+    x = (_XC if source == "complex32" else _C64[:3]).to("neuron")
+    for op in (torch.sum, torch.prod):
+        got = op(x, 0, dtype=torch.complex32)
+        assert got.dtype == torch.complex32
+        expected = op(x.cpu().to(torch.complex64), 0).to(torch.complex32)
+        assert torch.equal(got.cpu().to(torch.complex64), expected.to(torch.complex64))
+
+
+def _error(fn) -> tuple[str, str]:
+    with pytest.raises(Exception) as info:
+        fn()
+        torch.neuron.synchronize()
+    return type(info.value).__name__, str(info.value).split(" (while running")[0].splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["lerp_chalf_c64", "abs_bool_out_uint8", "abs_uint8_out_bool", "abs_bool_out_float", "avg_pool3d_half_out_float",
+     "sub_byte_strided_copy"],
+)
+def test_upcast_ops_refuse_what_cpu_and_cuda_refuse_with_cpus_error(name: str) -> None:
+    # the widened arguments passed the op's own checks (lerp's dtype of `end`, out= dtypes): results came back
+    # in the wrong dtype, or the widened dtype showed in the error
+    calls = {
+        "lerp_chalf_c64": lambda d: torch.lerp(_XC.to(d), _C64.to(d), 0.5),
+        "abs_bool_out_uint8": lambda d: torch.abs(
+            torch.tensor([True, False], device=d), out=torch.empty(2, dtype=torch.uint8, device=d)),
+        "abs_uint8_out_bool": lambda d: torch.abs(
+            torch.tensor([2, 0], dtype=torch.uint8, device=d), out=torch.empty(2, dtype=torch.bool, device=d)),
+        "abs_bool_out_float": lambda d: torch.abs(torch.tensor([True, False], device=d), out=torch.empty(2, device=d)),
+        "avg_pool3d_half_out_float": lambda d: torch._C._nn.avg_pool3d(
+            torch.ones(1, 1, 2, 2, 2, dtype=torch.half, device=d), 2, out=torch.empty(1, 1, 1, 1, 1, device=d)),
+        "sub_byte_strided_copy": lambda d: torch.arange(8, dtype=torch.uint8, device=d).view(torch.uint4)[::2].clone(),
+    }
+    assert _error(lambda: calls[name]("neuron")) == _error(lambda: calls[name]("cpu"))
+    assert torch.ones(2, device="neuron").add(1).cpu().tolist() == [2.0, 2.0]  # the device stays usable
+
+
+def test_integer_histc_into_another_out_dtype_and_bounds_of_the_inputs_type_as_cuda() -> None:
+    # CUDA's histc copies its result into any out= dtype, and takes min/max as values of the input's type
+    x = torch.arange(5, dtype=torch.int8, device="neuron")
+    out = torch.empty(3, device="neuron")
+    assert torch.histc(x, 3, 0, 4, out=out) is out
+    assert out.dtype == torch.float32 and out.cpu().tolist() == [2.0, 1.0, 2.0]
+    u8 = torch.arange(5, dtype=torch.uint8, device="neuron")
+    with pytest.raises(RuntimeError, match="max must be larger than min"):  # min=-1 is 255 in uint8
+        torch.histc(u8, 3, -1, 4)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint4, torch.int4, torch.uint1, torch.int7])
+def test_sub_byte_dtypes_copy_between_host_and_device_as_bytes(dtype: torch.dtype) -> None:
+    # CUDA copies same-dtype contiguous tensors with a memcpy; the CPU has no copy kernel for these dtypes
+    raw = torch.arange(16, dtype=torch.uint8).reshape(4, 4)
+    dev = raw.view(dtype).to("neuron")
+    assert dev.dtype == dtype and dev.device.type == "neuron"
+    back = dev.clone().cpu()
+    assert torch.equal(back.view(torch.uint8), raw)
+    host = torch.empty(4, 4, dtype=torch.uint8).pin_memory().view(dtype)
+    host.copy_(dev, non_blocking=True)
+    torch.neuron.synchronize()
+    assert torch.equal(host.view(torch.uint8), raw)

@@ -319,3 +319,45 @@ def test_dynamo_device_interface_streams_are_torch_neuron_streams() -> None:
         assert di.get_raw_stream(0) == s.stream_id
     assert di.current_stream() == torch.neuron.default_stream()
     assert di.stream is torch.neuron.stream and di.set_stream is torch.neuron.set_stream
+
+
+def test_an_operator_of_another_library_without_a_neuron_kernel_raises_the_dispatchers_error() -> None:
+    # A user's op with a CPU kernel only ran that kernel on neuron tensors, seen as CPU tensors on device memory:
+    # a kernel that kept its input kept an alias into a device block that the next allocation reused (writes
+    # through it changed another neuron tensor). CUDA raises "Could not run ... from the 'CUDA' backend".
+    facts = run_child(
+        """
+stash = []
+@torch.library.custom_op("tnl_probe::cpu_only", mutates_args=(), device_types="cpu")
+def cpu_only(x: torch.Tensor) -> torch.Tensor:
+    stash.append(x)
+    return x * 2
+@cpu_only.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+@torch.library.custom_op("tnl_probe::both", mutates_args=(), device_types=("cpu", "neuron"))
+def both(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+lib = torch.library.Library("tnl_probe", "DEF")
+lib.define("legacy(Tensor x) -> Tensor")
+lib.impl("legacy", lambda x: x + 1, "CPU")
+
+a = torch.full((1024,), 1.0, device="neuron")
+facts = {"cpu_only": outcome(lambda: cpu_only(a)), "legacy": outcome(lambda: torch.ops.tnl_probe.legacy(a)),
+         "stashed": len(stash), "cpu_still_runs": cpu_only(torch.ones(2)).tolist(),
+         "both": outcome(lambda: both(a)[:2]),
+         "mkl": outcome(lambda: torch.ops.mkl._mkl_reorder_linear_weight(torch.ones(4, 4, device="neuron"), 4))}
+emit(facts)
+""",
+        outcomes=True,
+    )
+    for name in ("cpu_only", "legacy"):
+        assert facts[name]["error"] == "NotImplementedError", facts
+        assert f"Could not run 'tnl_probe::{name}' with arguments from the 'PrivateUse1' backend" in facts[name]["message"]
+    assert "only available for these backends: [CPU, Meta]" in facts["cpu_only"]["message"]
+    assert facts["stashed"] == 0  # the kernel never saw the neuron tensor
+    assert facts["cpu_still_runs"] == [2.0, 2.0]
+    assert facts["both"] == {"value": [2.0, 2.0]}
+    assert facts["mkl"]["error"] == "NotImplementedError" and "'PrivateUse1' backend" in facts["mkl"]["message"]

@@ -216,39 +216,117 @@ c10::ScalarType narrow_to(c10::ScalarType result, c10::ScalarType widened, c10::
   return result;
 }
 
+// The dtypes the op returns for these arguments, from its Meta kernel (type promotion, `dtype=`, out=), and
+// whether the Meta kernel refused them (a check the CPU kernel makes too: dtypes of `end`/`weight`, out=
+// dtypes). nullopt: no Meta kernel (or a tensor list argument), nothing known.
+struct MetaVerdict {
+  bool refused = false;
+  std::vector<std::optional<c10::ScalarType>> returns;
+};
+std::optional<MetaVerdict> meta_verdict(const c10::OperatorHandle& op, const torch::jit::Stack& stack, size_t base,
+                                        size_t nargs) {
+  torch::jit::Stack ms;
+  ms.reserve(nargs);
+  for (size_t i = 0; i < nargs; ++i) {
+    const c10::IValue& v = stack[base + i];
+    if (v.isTensorList()) return std::nullopt;
+    if (v.isTensor() && v.toTensor().defined()) {
+      const Tensor& t = v.toTensor();
+      ms.emplace_back(at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta)));
+    } else {
+      ms.push_back(v);
+    }
+  }
+  MetaVerdict out;
+  try {
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
+  } catch (const c10::NotImplementedError&) {  // the dispatcher's: no Meta kernel
+    return std::nullopt;
+  } catch (const std::exception&) {  // a check of a C++ or a Python (torch._meta_registrations) Meta kernel
+    out.refused = true;
+    return out;
+  }
+  for (const auto& r : ms)
+    out.returns.push_back(r.isTensor() && r.toTensor().defined() ? std::optional(r.toTensor().scalar_type())
+                                                                  : std::nullopt);
+  return out;
+}
+
+// Structured kernels whose out= dtype the CPU checks against the result's ("Expected out tensor to have
+// dtype ...", in the wrapper of the out= kernel; their Meta kernels do not).
+bool checks_out_dtype(const std::string& name) {
+  return name == "avg_pool3d.out" || name == "avg_pool3d_backward.grad_input" ||
+         name == "_upsample_bilinear2d_aa.out" || name == "_upsample_bilinear2d_aa_backward.grad_input";
+}
+
 void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const auto& schema = op.schema();
   const Upcast& rule = rule_of(schema);
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
+  const bool is_histc = schema.name() == "aten::histc";
 
+  // the dtype CUDA's kernel has and the CPU's lacks: of a tensor argument, or asked for by `dtype=`
   std::optional<c10::ScalarType> original;
-  for (size_t i = 0; i < nargs; ++i) {
+  for (size_t i = 0; i < nargs && !original; ++i) {
     const c10::IValue& v = (*stack)[base + i];
-    if (v.isTensor() && v.toTensor().defined() && widen_for(rule, v.toTensor().scalar_type()) != v.toTensor().scalar_type()) {
+    if (v.isTensor() && v.toTensor().defined() && widen_for(rule, v.toTensor().scalar_type()) != v.toTensor().scalar_type())
       original = v.toTensor().scalar_type();
-      break;
-    }
+    else if (schema.arguments()[i].name() == "dtype" && v.isInt() &&
+             widen_for(rule, static_cast<c10::ScalarType>(v.toInt())) != static_cast<c10::ScalarType>(v.toInt()))
+      original = static_cast<c10::ScalarType>(v.toInt());
   }
   if (!original.has_value()) return run_fallback(op, ks, stack);
   const c10::ScalarType widened = widen_for(rule, *original);
 
-  // histc on integers (CUDA): min and max are taken as integers of the input's type
-  if (schema.name() == "aten::histc" && c10::isIntegralType(*original, false)) {
+  // What the op makes of the original dtypes. A refusal is the CPU's too: the op runs un-widened, so the
+  // CPU kernel raises its own error (lerp's dtype of `end`, abs's out= dtype). A result of a dtype the CPU
+  // computes (complex32 promoted with complex64: div, pow, sum(dtype=complex64)) needs no widening: the CPU
+  // kernel runs as on CPU. histc takes any out= dtype on CUDA (it copies its result), so it is not asked.
+  const std::string name = schema.overload_name().empty() ? schema.name().substr(6)
+                                                          : schema.name().substr(6) + "." + schema.overload_name();
+  std::optional<MetaVerdict> verdict = is_histc ? std::nullopt : meta_verdict(op, *stack, base, nargs);
+  if (verdict && verdict->refused) return run_fallback(op, ks, stack);
+  if (verdict && *original == c10::ScalarType::ComplexHalf) {
+    bool all_wide = !verdict->returns.empty();
+    for (const auto& r : verdict->returns)
+      all_wide = all_wide && r && c10::isComplexType(*r) && *r != c10::ScalarType::ComplexHalf;
+    if (all_wide) return run_fallback(op, ks, stack);
+  }
+  if (checks_out_dtype(name)) {
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::IValue& v = (*stack)[base + i];
+      if (schema.arguments()[i].is_out() && v.isTensor() && v.toTensor().scalar_type() != *original)
+        TORCH_CHECK(false, "Expected out tensor to have dtype ", c10::scalarTypeToTypeMeta(*original), ", but got ",
+                    v.toTensor().dtype(), " instead");
+    }
+  }
+
+  // histc on integers (CUDA): min and max are taken as values of the input's type
+  if (is_histc && c10::isIntegralType(*original, false)) {
     for (size_t i = 0; i < nargs; ++i) {
       const auto& a = schema.arguments()[i];
       c10::IValue& v = (*stack)[base + i];
-      if ((a.name() == "min" || a.name() == "max") && v.isScalar())
-        v = c10::IValue(c10::Scalar(static_cast<double>(v.toScalar().toLong())));
+      if ((a.name() == "min" || a.name() == "max") && v.isScalar()) {
+        const int64_t x = v.toScalar().toLong();
+        double narrowed = 0;
+        AT_DISPATCH_INTEGRAL_TYPES(*original, "histc_bounds", [&] { narrowed = static_cast<double>(static_cast<scalar_t>(x)); });
+        v = c10::IValue(c10::Scalar(narrowed));
+      }
     }
   }
 
   std::vector<std::pair<Tensor, Tensor>> written;  // (original argument, widened copy)
   for (size_t i = 0; i < nargs; ++i) {
     c10::IValue& v = (*stack)[base + i];
+    if (schema.arguments()[i].name() == "dtype" && v.isInt()) {
+      v = c10::IValue(static_cast<int64_t>(widen_for(rule, static_cast<c10::ScalarType>(v.toInt()))));
+      continue;
+    }
     if (!v.isTensor() || !v.toTensor().defined()) continue;
     const Tensor t = v.toTensor();
-    const c10::ScalarType w = widen_for(rule, t.scalar_type());
+    // histc's out= (CUDA copies its result into any dtype): computed in the widened dtype, copied back
+    const c10::ScalarType w = is_histc && is_write_arg(schema, i) ? widened : widen_for(rule, t.scalar_type());
     if (w == t.scalar_type()) continue;
     Tensor up = t.to(w);
     if (is_write_arg(schema, i)) written.emplace_back(t, up);
@@ -274,7 +352,10 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
       }
     }
     if (done || !rule.narrow_results) continue;
-    const c10::ScalarType back = narrow_to(r.scalar_type(), widened, *original);
+    // the Meta kernel's dtype for the original arguments where it has one, else the argument's kind
+    const c10::ScalarType back = verdict && i < verdict->returns.size() && verdict->returns[i]
+                                     ? *verdict->returns[i]
+                                     : narrow_to(r.scalar_type(), widened, *original);
     if (back != r.scalar_type()) v = c10::IValue(r.to(back));
   }
 }

@@ -1975,12 +1975,35 @@ void record_dma(const char* name, Direction dir, int device, int64_t t0, int64_t
 // copy with non_blocking=False waits for the stream (the copy runs after the work launched before it, and the
 // host gets the data); with non_blocking=True it is launched too (a pageable
 // host source is staged, copied at the launch, as cudaMemcpyAsync does; a pinned one is read by the DMA).
+bool is_sub_byte(c10::ScalarType t) {
+  switch (t) {
+    case c10::ScalarType::UInt1: case c10::ScalarType::UInt2: case c10::ScalarType::UInt3:
+    case c10::ScalarType::UInt4: case c10::ScalarType::UInt5: case c10::ScalarType::UInt6:
+    case c10::ScalarType::UInt7: case c10::ScalarType::Int1: case c10::ScalarType::Int2:
+    case c10::ScalarType::Int3: case c10::ScalarType::Int4: case c10::ScalarType::Int5:
+    case c10::ScalarType::Int6: case c10::ScalarType::Int7:
+      return true;
+    default:
+      return false;
+  }
+}
+
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
   check_not_in_bad_fork();
   const bool src_n = self.device().type() == kNeuron;
   const bool dst_n = dst.device().type() == kNeuron;
   TORCH_CHECK(src_n || self.is_cpu(), "copy from ", self.device(), " to ", dst.device(), " is not supported");
   TORCH_CHECK(dst_n || dst.is_cpu(), "copy from ", self.device(), " to ", dst.device(), " is not supported");
+  // Sub-byte dtypes (uint1..7, int1..7: one element per byte, no CPU copy kernel) are copied as bytes where
+  // CUDA copies them with a memcpy: same dtype, same shape, both contiguous; otherwise the CPU's error.
+  if (self.scalar_type() == dst.scalar_type() && is_sub_byte(dst.scalar_type()) && self.sizes() == dst.sizes() &&
+      self.is_contiguous() && dst.is_contiguous()) {
+    copy_from(self.view(at::kByte), dst.view(at::kByte), non_blocking);
+    return dst;
+  }
+  TORCH_CHECK_NOT_IMPLEMENTED(!is_sub_byte(self.scalar_type()) && !is_sub_byte(dst.scalar_type()),
+                              "\"copy_kernel\" not implemented for '",
+                              is_sub_byte(dst.scalar_type()) ? dst.scalar_type() : self.scalar_type(), "'");
   const int dev = dst_n ? dst.device().index() : self.device().index();
   const Direction dir = src_n && dst_n ? Direction::D2D : dst_n ? Direction::H2D : Direction::D2H;
   const char* dname = src_n && dst_n ? (self.device() == dst.device() ? "copy" : "d2d") : dst_n ? "h2d" : "d2h";
@@ -2655,8 +2678,32 @@ void foreach_launch_or_loop(const c10::OperatorHandle& op, c10::DispatchKeySet, 
 
 }  // namespace
 
+// The emulator's kernels are ATen's: an operator of another library (a user's torch.library op with a CPU
+// kernel only, quantized::, mkldnn::, onednn:: ...) gets the dispatcher's error, as on CUDA, rather than its
+// CPU kernel run on a CPU alias of device memory (which showed the kernel a CPU tensor, and an alias it
+// kept outlived the device block: memory shared with the next allocation).
+void neuron_backend_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const std::string& name = op.schema().name();
+  if (name.compare(0, 6, "aten::") != 0) {
+    std::string full = op.schema().overload_name().empty() ? name : name + "." + op.schema().overload_name();
+    std::string avail;
+    for (auto k : {c10::DispatchKey::CPU, c10::DispatchKey::CUDA, c10::DispatchKey::HIP, c10::DispatchKey::XLA,
+                   c10::DispatchKey::MPS, c10::DispatchKey::XPU, c10::DispatchKey::HPU, c10::DispatchKey::MTIA,
+                   c10::DispatchKey::Meta})
+      if (op.hasKernelForDispatchKey(k)) avail += (avail.empty() ? "" : ", ") + std::string(c10::toString(k));
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "Could not run '", full,
+                                "' with arguments from the 'PrivateUse1' backend (the neuron device). It is not an "
+                                "ATen operator and has no kernel for neuron (the emulator runs ATen's CPU kernels as "
+                                "the device's, not another library's CPU kernel; CUDA does not run one either): "
+                                "register one with torch.library.custom_op(..., device_types=\"neuron\") or "
+                                "Library.impl(name, fn, \"PrivateUse1\"). '", full,
+                                "' is only available for these backends: [", avail, "].");
+  }
+  neuron_fallback(op, ks, stack);
+}
+
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&neuron_backend_fallback>());
 }
 
 // Sparse, sparse-compressed, quantized and nested tensors on neuron: any op that would make or use one raises
