@@ -284,3 +284,14 @@ def test_a_child_forked_while_kernels_are_queued_raises_at_once_instead_of_waiti
     assert facts == {"synchronize": ["bad fork", True], "stream synchronize": ["bad fork", True],
                      "get_rng_state": ["bad fork", True], "manual_seed": ["ok", True],
                      "manual_seed_all": ["ok", True], "generator manual_seed": ["ok", True]}
+
+
+def test_caching_allocator_delete_of_the_null_pointer_of_a_zero_byte_alloc_is_a_no_op() -> None:
+    # CUDA's caching_allocator_delete returns on a null pointer; alloc(0) returns one, so the pair failed on neuron
+    before = torch.neuron.memory_stats()["allocation.all.current"]
+    p = torch.neuron.caching_allocator_alloc(0)
+    assert p == 0
+    torch.neuron.caching_allocator_delete(p)
+    assert torch.neuron.memory_stats()["allocation.all.current"] == before
+    with pytest.raises(RuntimeError, match="invalid device pointer"):
+        torch.neuron.caching_allocator_delete(12345)  # a pointer it never gave out still raises

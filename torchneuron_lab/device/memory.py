@@ -394,7 +394,10 @@ def caching_allocator_alloc(size: int, device: Device = None, stream: Any = None
 
 def caching_allocator_delete(mem_ptr: int) -> None:
     """Free memory from :func:`caching_allocator_alloc` (as ``torch.cuda.caching_allocator_delete``);
-    stream-ordered like a tensor's free."""
+    stream-ordered like a tensor's free. The null pointer (what ``caching_allocator_alloc(0)`` returns) is a
+    no-op, as on CUDA."""
+    if mem_ptr == 0:
+        return
     _lib().raw_delete(mem_ptr)
 
 
