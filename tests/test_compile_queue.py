@@ -438,3 +438,52 @@ def test_attention_compiles_with_dynamic_shapes() -> None:
     finally:
         torch.backends.mha.set_fastpath_enabled(True)
         torch._dynamo.reset()
+
+
+def test_dynamo_reset_frees_graphs_that_launched_on_the_queue() -> None:
+    # The device's interned launch stacks held the code objects of the frames that launched, and the code Dynamo
+    # runs for a compiled frame holds the compiled function: every compile + reset kept its graph (0.24 MB, ~380
+    # Python objects). Recorded events keep their stacks until the recording is cleared.
+    from tests._neuron_child import run_child
+
+    facts = run_child(
+        """
+import gc
+from torchneuron_lab.device._backend import lib
+
+def alive():
+    gc.collect()
+    return sum(type(o).__name__ == "_NeuronCode" for o in gc.get_objects())
+
+x = torch.randn(32, 32, device="neuron")
+def f(a):
+    return (a.sin() @ a).relu() + 1
+
+facts = {}
+for i in range(4):
+    cf = torch.compile(f, backend="neuron")
+    cf(x)
+    facts.setdefault("before_reset", alive())
+    torch._dynamo.reset() if i % 2 else torch.compiler.reset()
+del cf
+facts["after_resets"] = alive()
+lib().recorder_start()
+cf = torch.compile(f, backend="neuron")
+y = cf(x)
+lib().recorder_stop()  # the events stay in the recorder
+del cf
+torch._dynamo.reset()
+facts["while_events_recorded"] = alive()
+lib().recorder_clear()
+torch._dynamo.reset()
+facts["after_clear"] = alive()
+facts["value"] = torch.allclose(y.cpu(), f(x).cpu(), rtol=1e-5, atol=1e-5)
+emit(facts)
+""",
+        outcomes=True,
+    )
+    assert facts["before_reset"] == 1, facts
+    assert facts["after_resets"] == 0, facts
+    assert facts["while_events_recorded"] == 1, facts  # its events still name the frames that launched
+    assert facts["after_clear"] == 0, facts
+    assert facts["value"] is True

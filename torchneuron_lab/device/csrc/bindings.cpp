@@ -659,6 +659,13 @@ void init_module(py::module& m) {
     }
     recorder_clear();
   });
+  m.def("release_stacks_if_unreferenced", []() {
+    {
+      py::gil_scoped_release nogil;
+      drain_all();  // a queued launch's stack names its site in an asynchronous error
+    }
+    return release_stacks_if_unreferenced();
+  });
   m.def("recorder_enabled", []() { return (g_recording_flags.load() & kRecorderBit) != 0; });
   m.def("recorder_dropped", &recorder_dropped);
   m.def("recorder_read", &recorder_read_py);

@@ -158,6 +158,7 @@ int32_t capture_stack(size_t max_depth = SIZE_MAX);
 constexpr size_t kLaunchSiteDepth = 32;  // frames kept for a launch site when stacks are not recorded
 // Launch-site frames of a stack id, innermost first: (filename, line, function). Takes the GIL.
 std::vector<std::tuple<std::string, int, std::string>> stack_frames(int32_t id);
+bool release_stacks_if_unreferenced();
 // A new signature noted on this thread: its shapes/dtypes string ids, consumed (false if none pending).
 bool take_pending_signature(int32_t name_id, int32_t* shapes_id, int32_t* dtypes_id);
 // One recorded event as stored in the recorder's chunks; `stack` indexes the stack table.

@@ -492,6 +492,19 @@ void recorder_clear() {
   }
   clear_stacks();
 }
+// The interned stacks hold their code objects (a key's pointers stay valid), and the code Dynamo runs for a
+// compiled frame holds the compiled function: after torch._dynamo.reset(), a graph whose kernels had launched
+// stayed alive through its frame's stack (0.24 MB and ~380 Python objects per compile and reset). Called after
+// a reset (the queues drained): with no recorded event left, none points at a stack, and the table empties.
+bool release_stacks_if_unreferenced() {
+  {
+    Recorder& r = rec();
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (r.size != 0) return false;
+  }
+  clear_stacks();
+  return true;
+}
 uint64_t recorder_dropped() { return rec().dropped; }
 std::pair<int64_t, int64_t> recorder_dropped_window() {
   Recorder& r = rec();
