@@ -9,6 +9,7 @@ to 2 CPUs with 2 threads (the pools against CPUs are the same on any CI machine)
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -36,6 +37,24 @@ def _run(body: str) -> dict:
 
 
 def test_the_guard_fails_a_process_holding_another_idle_openmp_pool() -> None:
+    # The slowdown is the machine's: 2.0-2.2x on the AMD 2-vCPU machines, 1.27x on an Intel one (2026-12-05).
+    # The guard must fail it (ratio above its bar); up to 3 fresh processes, as scheduling noise moves a median.
+    ratios = []
+    for _ in range(3):
+        ratios.append(_idle_pool_guard_ratio())
+        if ratios[-1] > _common_bar():
+            return
+    raise AssertionError(f"the guard passed a process holding another idle OpenMP pool: ratios {ratios}")
+
+
+def _common_bar() -> float:
+    """CPU_GUARD_BAR of benchmarks/_common.py (read, not imported: importing it configures torch's threads)."""
+    m = re.search(r"^CPU_GUARD_BAR = ([0-9.]+)$", (ROOT / "benchmarks" / "_common.py").read_text(), re.MULTILINE)
+    assert m is not None
+    return float(m.group(1))
+
+
+def _idle_pool_guard_ratio() -> float:
     out = _run("""
         stop = threading.Event()
         def other_pool():  # a second thread's parallel regions give it its own OpenMP pool, kept while it lives
@@ -53,8 +72,7 @@ def test_the_guard_fails_a_process_holding_another_idle_openmp_pool() -> None:
     """)
     pairs = out["pairs"]
     assert len(pairs) == _guard_pairs()
-    ratio = sorted(a / b for a, b in pairs)[len(pairs) // 2]
-    assert ratio > 1.5  # the bar is 1.25; measured 2.0-2.2x on 2 vCPUs
+    return sorted(a / b for a, b in pairs)[len(pairs) // 2]
 
 
 def test_the_guard_passes_a_process_whose_device_went_idle_and_leaves_no_child() -> None:

@@ -10,6 +10,9 @@ libgomp keeps alive), in a fresh interpreter so no other test's threads are coun
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from _neuron_child import run_child
 
 
@@ -157,8 +160,35 @@ def host_bound(seconds):
 """
 
 
+def _in_fresh_processes(code: str, check: Callable[[dict[str, Any]], None], attempts: int = 3) -> dict[str, Any]:
+    """The throttle decides from 10 ms windows of a shared 2-vCPU VM's timing, so one process can see a
+    scheduling hiccup cross a threshold (an Intel machine: 1 failure in ~12 runs per case, none on the AMD
+    ones). A case gets up to ``attempts`` fresh processes and passes on the first whose facts show the designed
+    behaviour; a broken rule fails all of them (the facts of each are in the error)."""
+    seen = []
+    for _ in range(attempts):
+        facts = run_child(code, outcomes=True)
+        try:
+            check(facts)
+            return facts
+        except AssertionError as e:
+            seen.append(f"{facts}: {e}")
+    raise AssertionError(f"in {attempts} fresh processes:\n" + "\n".join(seen))
+
+
 def test_a_starved_worker_throttles_its_openmp_helpers_spin_and_an_idle_one_gives_it_back() -> None:
-    facts = run_child(
+    def check(facts: dict[str, Any]) -> None:
+        assert facts["default_mode"] == "auto"
+        assert facts["off_stats"]["engaged"] == 0 and facts["off_stats"]["held"] is False
+        # off: the helper spins most of the loop; throttled: it sleeps between the kernels
+        assert facts["off_share"] > 0.5, facts
+        assert facts["engaged"] == 1 and facts["held_during"] is True, facts
+        assert facts["starved_windows"] >= 2, facts
+        assert facts["auto_share"] < 0.6 * facts["off_share"], facts
+        assert facts["sum_equal"] is True
+        assert facts["held_after_idle"] is False and facts["released"] == 1, facts
+
+    _in_fresh_processes(
         _THROTTLE_CHILD
         + """
 facts = {"default_mode": C.spin_throttle_stats()["mode"]}
@@ -182,21 +212,21 @@ facts["held_after_idle"] = s2["held"]
 facts["released"] = s2["released"] - s0["released"]
 emit(facts)
 """,
-        outcomes=True,
+        check,
     )
-    assert facts["default_mode"] == "auto"
-    assert facts["off_stats"]["engaged"] == 0 and facts["off_stats"]["held"] is False
-    # off: the helper spins most of the loop; throttled: it sleeps between the kernels
-    assert facts["off_share"] > 0.5, facts
-    assert facts["engaged"] == 1 and facts["held_during"] is True, facts
-    assert facts["starved_windows"] >= 2, facts
-    assert facts["auto_share"] < 0.6 * facts["off_share"], facts
-    assert facts["sum_equal"] is True
-    assert facts["held_after_idle"] is False and facts["released"] == 1, facts
 
 
 def test_a_device_the_host_runs_ahead_of_keeps_its_spinning_helper() -> None:
-    facts = run_child(
+    def check(facts: dict[str, Any]) -> None:
+        assert facts["windows"] >= 20 and facts["ahead"] >= facts["windows"] // 2, facts
+        assert facts["host_blocked"] >= facts["windows"] // 2, facts  # the host waited in its syncs
+        assert facts["engaged"] == 0, facts
+        assert facts["value"] is True
+        assert facts["held_host_bound"] is True, facts
+        assert facts["released_busy"] == 1 and facts["held_ahead"] is False, facts
+        assert "'auto', 'on' or 'off'" in facts["bad_mode"]
+
+    _in_fresh_processes(
         _THROTTLE_CHILD
         + """
 x = torch.randn(1024, 1024, device="neuron")
@@ -232,15 +262,8 @@ except ValueError as e:
     facts["bad_mode"] = str(e)
 emit(facts)
 """,
-        outcomes=True,
+        check,
     )
-    assert facts["windows"] >= 20 and facts["ahead"] >= facts["windows"] // 2, facts
-    assert facts["host_blocked"] >= facts["windows"] // 2, facts  # the host waited in its syncs
-    assert facts["engaged"] == 0, facts
-    assert facts["value"] is True
-    assert facts["held_host_bound"] is True, facts
-    assert facts["released_busy"] == 1 and facts["held_ahead"] is False, facts
-    assert "'auto', 'on' or 'off'" in facts["bad_mode"]
 
 
 def test_a_host_that_keeps_the_queue_deep_without_waiting_keeps_the_throttle() -> None:
@@ -250,7 +273,15 @@ def test_a_host_that_keeps_the_queue_deep_without_waiting_keeps_the_throttle() -
     # bursts of 300 adds, each followed by host Python lasting as long as the device takes for the burst
     # (adapted from the waits at the syncs and the device's idling, with the throttle forced on, then measured
     # in auto: the same on any machine).
-    facts = run_child(
+    def check(facts: dict[str, Any]) -> None:
+        assert facts["held_before"] is True, facts
+        assert facts["windows"] >= 20, facts
+        assert facts["ahead"] >= 6, facts                          # measured 10-15 of 24-35 windows
+        assert facts["host_blocked"] <= facts["windows"] // 4, facts  # measured 1-4
+        assert facts["held"] is True and facts["released"] == 0, facts
+        assert facts["value"] is True
+
+    _in_fresh_processes(
         _THROTTLE_CHILD
         + """
 x = torch.randn(256, 1024, device="neuron")     # a burst ~30 ms: its noise (+-15%) stays well under 20 ms
@@ -293,11 +324,5 @@ facts = {"held_before": s0["held"], "held": s1["held"], "released": s1["released
          "value": torch.equal(y.cpu(), x.cpu() + 1)}
 emit(facts)
 """,
-        outcomes=True,
+        check,
     )
-    assert facts["held_before"] is True, facts
-    assert facts["windows"] >= 20, facts
-    assert facts["ahead"] >= 6, facts                          # measured 10-15 of 24-35 windows
-    assert facts["host_blocked"] <= facts["windows"] // 4, facts  # measured 1-4
-    assert facts["held"] is True and facts["released"] == 0, facts
-    assert facts["value"] is True
