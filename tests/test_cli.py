@@ -226,7 +226,9 @@ def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_pa
             proc.kill()
             proc.wait()
     assert proc.returncode == 130, (out, err)
-    assert elapsed < 15, elapsed
+    # writing the partial profile (drain, read, summary, HTML with plotly.js, Chrome trace): 12-16 s on an
+    # Intel 2-vCPU machine (2026-12-05), less on the AMD ones; a hang is caught at 45 s
+    assert elapsed < 45, elapsed
     assert "interrupted (SIGINT): writing the partial profile" in err
     assert "cell raised KeyboardInterrupt" in out or "KeyboardInterrupt" in out, out
     obj = json.loads((tmp_path / "t.json").read_text())
