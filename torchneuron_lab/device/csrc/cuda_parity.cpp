@@ -264,7 +264,6 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   const Upcast& rule = rule_of(schema);
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
-  const bool is_histc = schema.name() == "aten::histc";
 
   // the dtype CUDA's kernel has and the CPU's lacks: of a tensor argument, or asked for by `dtype=`
   std::optional<c10::ScalarType> original;
@@ -278,6 +277,7 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   }
   if (!original.has_value()) return run_fallback(op, ks, stack);
   const c10::ScalarType widened = widen_for(rule, *original);
+  const bool is_histc = schema.name() == "aten::histc";
 
   // What the op makes of the original dtypes. A refusal is the CPU's too: the op runs un-widened, so the
   // CPU kernel raises its own error (lerp's dtype of `end`, abs's out= dtype). A result of a dtype the CPU
