@@ -725,19 +725,31 @@ def test_timeline_sources_are_notebook_cells_in_ipython_without_the_extension(mo
     assert w.select(trace.events.index(mul))["event"]["source"] == f"cell [{n}], line 4"
 
 
-def test_a_zoom_redraw_states_its_range_to_the_browser() -> None:
+def test_a_zoom_redraw_states_its_range_in_the_update_that_draws_it() -> None:
     # The browser reports a zoom; the kernel redraws the window and must state the range it drew for in
     # what it sends back. plotly's Python side drops an unchanged value from its messages (the browser's
     # own report already set it), and the update then carried `xaxis.autorange: false` without a range:
-    # the browser test once read x = [0, 1] after a drag-zoom (issue 9).
+    # the browser test read x = [0, 1] after a drag-zoom (issue 9). A separate relayout right behind the
+    # update still left a moment with the new traces drawn and no range (read once more, 2026-12-05): the
+    # range travels IN the update that carries the traces, the message the front end applies at once.
     w = TimelineWidget(Trace(synth(20_000, seed=3)), max_boxes=2000)
     end = w.axis.end_x
-    sent: list[dict] = []
-    w.figure._send_update_msg = lambda restyle_data, relayout_data, **k: sent.append(dict(relayout_data))
-    w.figure._send_relayout_msg = lambda layout_data, **k: sent.append(dict(layout_data))
-    w.figure.plotly_relayout({"xaxis.range[0]": end * 0.40, "xaxis.range[1]": end * 0.41})
+    sent: list[tuple[str, dict]] = []
+
+    def spy(change: dict) -> None:  # what the kernel sends, less the echo of the browser's own report
+        if change["new"] is not None and change["new"].get("source_view_id") != "browser":
+            sent.append((change["name"], dict(change["new"])))
+    w.figure.observe(spy, names=["_py2js_update", "_py2js_relayout", "_py2js_restyle"])
+    # as plotly's front end reports a drag-zoom (its view id: the message is not applied to that view again)
+    w.figure.plotly_relayout({"xaxis.range[0]": end * 0.40, "xaxis.range[1]": end * 0.41}, source_view_id="browser")
     assert w.window is not None
-    stated = [m for m in sent if "xaxis.range" in m]
-    assert stated, sent
-    assert stated[-1]["xaxis.range"] == pytest.approx([end * 0.40, end * 0.41])
-    assert stated[-1]["xaxis.autorange"] is False
+    assert [name for name, _ in sent] == ["_py2js_update"], sent  # one message: traces, ticks, range
+    msg = sent[0][1]
+    assert msg["style_data"], msg  # the window's traces ...
+    assert msg["layout_data"]["xaxis.range"] == pytest.approx([end * 0.40, end * 0.41])  # ... under its range
+    assert msg["layout_data"]["xaxis.autorange"] is False
+    assert w.figure._forced_layout is None  # nothing left over for a later, unrelated update
+    # the colour toggle's redraw keeps the window and states no range of its own
+    sent.clear()
+    w.color_toggle.value = "subgraph"
+    assert [name for name, _ in sent] == ["_py2js_update"] and "xaxis.range" not in sent[0][1]["layout_data"]

@@ -65,7 +65,8 @@ _TYPE_RANK = {"bar": 0, "scatter": 1, "scattergl": 2}
 _SKIP = frozenset({"type", "uid"})
 
 
-def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping[str, Any] | None = None) -> None:
+def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping[str, Any] | None = None,
+                 force: Mapping[str, Any] | None = None) -> None:
     """Show ``traces`` (and the ``layout`` properties) in ``widget`` without ever leaving it empty.
 
     Replacing ``widget.data`` deletes every trace and adds the new ones in two front-end messages; a
@@ -75,6 +76,10 @@ def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping
     with the layout -- goes to the front end as ONE ``plotly_update``. Only when a type needs more
     slots than exist are empty, hidden slots added first (the old picture stays up meanwhile). No
     trace is ever deleted.
+
+    ``force``: layout properties that travel in that same update even where the widget's Python side holds
+    them already (see :func:`state_layout`), so the front end never draws the new traces under a layout
+    that lacks them.
     """
     new = sorted(traces, key=lambda t: _TYPE_RANK.get(t.type, 3))
     slots: dict[str, list[Any]] = {}
@@ -108,8 +113,13 @@ def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping
                 for key in set(slot.to_plotly_json()) - _SKIP:
                     slot[key] = None
                 slot.visible = False
-        for key, value in (layout or {}).items():
+        for key, value in {**(layout or {}), **(force or {})}.items():
             widget.layout[key] = value
+        if force and isinstance(widget, _FigureWidget):
+            widget._forced_layout = dict(force)  # merged into the update this batch sends
+    if force and getattr(widget, "_forced_layout", None) is not None:  # no update was sent: send them alone
+        widget._forced_layout = None
+        state_layout(widget, force)
 
 
 def state_layout(widget: go.FigureWidget, props: Mapping[str, Any]) -> None:
@@ -119,7 +129,10 @@ def state_layout(widget: go.FigureWidget, props: Mapping[str, Any]) -> None:
     has already set ``xaxis.range`` there, so a redraw's update carried ``xaxis.autorange: false`` without
     the range it was drawn for, leaving the browser's axis to whatever it held (the browser test once read
     x = [0, 1] after a drag-zoom). ``_send_relayout_msg`` is the widget's own Python -> browser message (a
-    private name; without it, nothing is sent beyond what plotly sends anyway).
+    private name; without it, nothing is sent beyond what plotly sends anyway). A redraw passes these
+    properties to :func:`apply_traces` as ``force`` instead: a separate message right after the update
+    still left a moment with the update applied and the range not (the browser test read x = [0, 1]
+    there once more, in 1 run of about 10).
     """
     send = getattr(widget, "_send_relayout_msg", None)
     if callable(send):
@@ -228,6 +241,14 @@ class _FigureWidget(go.FigureWidget):
     _plotly_messages = traitlets.List(traitlets.Unicode(), default_value=sorted(
         name for name in go.FigureWidget.class_trait_names(sync=True) if name.startswith("_py2js_"))).tag(sync=True)
     _open_deferred = False
+    _forced_layout: dict[str, Any] | None = None  # see apply_traces(force=...)
+
+    def _send_update_msg(self, restyle_data: Any, relayout_data: Any, trace_indexes: Any = None,
+                         source_view_id: Any = None) -> None:
+        forced, self._forced_layout = self._forced_layout, None
+        if forced:
+            relayout_data = {**(relayout_data or {}), **forced}
+        super()._send_update_msg(restyle_data, relayout_data, trace_indexes, source_view_id)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._open_deferred = True
@@ -421,7 +442,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
 
     def redraw(self, window: tuple[int, int] | None = None, layout: Mapping[str, Any] | None = None) -> None:
         """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode; ``layout``
-        properties go to the front end in the same single update."""
+        properties go to the front end in the same single update, even those its Python side holds."""
         self.window = window
         fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
                                 pixels=self.pixels, window=window, rangeslider=True, width=self.width,
@@ -431,10 +452,9 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         if self.axis.breaks:  # tick labels of a compressed axis are computed for the window
             update["xaxis.tickvals"] = fig.layout.xaxis.tickvals
             update["xaxis.ticktext"] = fig.layout.xaxis.ticktext
-        update.update(layout or {})
         self._base_annotations = list(fig.layout.annotations)
         self.flow = None
-        apply_traces(self.figure, list(fig.data), update)
+        apply_traces(self.figure, list(fig.data), update, force=layout)
         self._hook_clicks()
 
     def _on_color(self, change: Mapping[str, Any]) -> None:
@@ -465,7 +485,6 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             self.window = window  # nothing was merged and the ticks are plotly's: nothing to refine
             return
         self.redraw(window, {"xaxis.autorange": False, "xaxis.range": [x0, x1]})
-        state_layout(self.figure, {"xaxis.autorange": False, "xaxis.range": [x0, x1]})
 
     # -- clicks --------------------------------------------------------------------------------
     def _on_click(self, trace: Any, points: Any, selector: Any = None) -> None:
