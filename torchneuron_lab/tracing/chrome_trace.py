@@ -281,10 +281,18 @@ def _async_layout(evs: list[KernelEvent], profile: str | None, note: str, t0: in
 
 
 def _is_number(x: Any) -> bool:
+    t = type(x)
+    if t is float:  # the common cases first: a trace has millions of these
+        return x - x == 0.0  # False for inf and nan
+    if t is int:
+        return True
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _is_id(x: Any) -> bool:
+    t = type(x)
+    if t is int or t is str:
+        return True
     return (isinstance(x, int) and not isinstance(x, bool)) or isinstance(x, str)
 
 
@@ -311,64 +319,64 @@ def chrome_trace_problems(obj: Any, *, check_json: bool = True) -> list[str]:
         return [f"a trace must be an object or a list of events, got {type(obj).__name__}"]
 
     flow_starts: set[tuple[Any, Any, Any]] = set()
-    flow_ends: list[tuple[str, tuple[Any, Any, Any]]] = []
+    flow_ends: list[tuple[int, tuple[Any, Any, Any]]] = []
     for i, ev in enumerate(events):
-        where = f"traceEvents[{i}]"
+        where = i  # formatted only into a problem's message
         if not isinstance(ev, Mapping):
-            problems.append(f"{where}: event must be an object, got {type(ev).__name__}")
+            problems.append(f"traceEvents[{where}]: event must be an object, got {type(ev).__name__}")
             continue
         ph = ev.get("ph")
         if not isinstance(ph, str) or ph not in PHASES:
-            problems.append(f"{where}: 'ph' must be one of {''.join(sorted(PHASES))}, got {ph!r}")
+            problems.append(f"traceEvents[{where}]: 'ph' must be one of {''.join(sorted(PHASES))}, got {ph!r}")
             continue
         name = ev.get("name")
         if ph != "E" and not isinstance(name, str):
-            problems.append(f"{where}: 'name' must be a string, got {name!r}")
+            problems.append(f"traceEvents[{where}]: 'name' must be a string, got {name!r}")
         if not _is_id(ev.get("pid")):
-            problems.append(f"{where}: 'pid' must be an int or string, got {ev.get('pid')!r}")
+            problems.append(f"traceEvents[{where}]: 'pid' must be an int or string, got {ev.get('pid')!r}")
         tid_optional = (ph == "M" and name in _PROCESS_METADATA) or ph == "C" or (
             ph in "iI" and ev.get("s") in ("g", "p")
         )
         if ("tid" in ev or not tid_optional) and not _is_id(ev.get("tid")):
-            problems.append(f"{where}: 'tid' must be an int or string, got {ev.get('tid')!r}")
+            problems.append(f"traceEvents[{where}]: 'tid' must be an int or string, got {ev.get('tid')!r}")
         if "args" in ev and not isinstance(ev["args"], Mapping):
-            problems.append(f"{where}: 'args' must be an object")
+            problems.append(f"traceEvents[{where}]: 'args' must be an object")
         if ph == "M":
             if name not in _METADATA_NAMES:
-                problems.append(f"{where}: metadata event name must be one of {sorted(_METADATA_NAMES)}, got {name!r}")
+                problems.append(f"traceEvents[{where}]: metadata event name must be one of {sorted(_METADATA_NAMES)}, got {name!r}")
             args = ev.get("args")
             if not isinstance(args, Mapping):
-                problems.append(f"{where}: metadata event needs an 'args' object")
+                problems.append(f"traceEvents[{where}]: metadata event needs an 'args' object")
             elif name in ("process_name", "thread_name") and not isinstance(args.get("name"), str):
-                problems.append(f"{where}: {name} needs args.name as a string")
+                problems.append(f"traceEvents[{where}]: {name} needs args.name as a string")
             elif name in ("process_sort_index", "thread_sort_index") and not (
                 isinstance(args.get("sort_index"), int) and not isinstance(args.get("sort_index"), bool)
             ):
-                problems.append(f"{where}: {name} needs args.sort_index as an int")
+                problems.append(f"traceEvents[{where}]: {name} needs args.sort_index as an int")
             continue
         if not _is_number(ev.get("ts")):
-            problems.append(f"{where}: 'ts' must be a finite number (microseconds), got {ev.get('ts')!r}")
+            problems.append(f"traceEvents[{where}]: 'ts' must be a finite number (microseconds), got {ev.get('ts')!r}")
         if ph == "X":
             dur: Any = ev.get("dur")
             if not _is_number(dur):
-                problems.append(f"{where}: complete event needs a finite number 'dur', got {dur!r}")
+                problems.append(f"traceEvents[{where}]: complete event needs a finite number 'dur', got {dur!r}")
             elif dur < 0:
-                problems.append(f"{where}: 'dur' must be >= 0, got {dur!r}")
+                problems.append(f"traceEvents[{where}]: 'dur' must be >= 0, got {dur!r}")
         if ph in ("i", "I") and "s" in ev and ev["s"] not in ("g", "p", "t"):
-            problems.append(f"{where}: instant scope 's' must be 'g', 'p' or 't', got {ev['s']!r}")
+            problems.append(f"traceEvents[{where}]: instant scope 's' must be 'g', 'p' or 't', got {ev['s']!r}")
         if ph in ("s", "t", "f"):
             if not _is_id(ev.get("id")):
-                problems.append(f"{where}: flow event needs an int or string 'id', got {ev.get('id')!r}")
+                problems.append(f"traceEvents[{where}]: flow event needs an int or string 'id', got {ev.get('id')!r}")
             elif ph == "s":
                 flow_starts.add((ev.get("cat"), name, ev["id"]))
             elif ph == "f":
                 flow_ends.append((where, (ev.get("cat"), name, ev["id"])))
             if "bp" in ev and ev["bp"] != "e":
-                problems.append(f"{where}: flow binding point 'bp' must be 'e', got {ev['bp']!r}")
+                problems.append(f"traceEvents[{where}]: flow binding point 'bp' must be 'e', got {ev['bp']!r}")
 
     for where, key in flow_ends:
         if key not in flow_starts:
-            problems.append(f"{where}: flow end without a flow start of the same cat, name and id {key[2]!r}")
+            problems.append(f"traceEvents[{where}]: flow end without a flow start of the same cat, name and id {key[2]!r}")
     if check_json:
         try:
             json.dumps(obj, allow_nan=False)

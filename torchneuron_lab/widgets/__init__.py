@@ -27,8 +27,10 @@ __all__ = [
     "timeline_figure",
 ]
 
+# plotly's FigureWidget (ipywidgets, anywidget, nbformat's schema validators: 1.5-2.5 s to import) is needed by
+# the widgets only: the figures and save_html (what the CLI's report uses) come without it
 _FIGURES = {"lod_aggregate", "memory_figure", "segment_map_figure", "subgraph_table_figure",
-            "graph_breaks_figure", "timeline_figure"}
+            "graph_breaks_figure", "timeline_figure", "save_html"}
 
 
 def __getattr__(name: str) -> Any:

@@ -24,10 +24,12 @@ hovers and the details panel give measured time.
 from __future__ import annotations
 
 import html
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,7 @@ from torchneuron_lab.tracing import ENGINES, KernelEvent, Trace, device_name
 from torchneuron_lab.tracing.frames import is_internal
 
 __all__ = [
+    "save_html",
     "BREAK_FRACTION",
     "BREAK_MIN_NS",
     "FAMILIES",
@@ -1402,3 +1405,28 @@ def graph_breaks_figure(breaks: Iterable[Any]) -> go.Figure:
     fig = go.Figure(go.Table(header={"values": keys}, cells={"values": [[r[k] for r in rows] for k in keys]}))
     fig.update_layout(height=80 + 30 * len(rows), margin={"l": 10, "r": 10, "t": 10, "b": 10}, meta={"rows": len(rows)})
     return fig
+
+
+#: plotly.js's default topojson location (geo maps only, never drawn here): pointed at a relative folder so a
+#: written file names no remote host.
+_CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
+
+
+def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
+    """Write ``fig`` (a Figure, FigureWidget, or one of :mod:`.timeline`'s widgets) as one offline HTML file.
+
+    plotly.js is embedded (``include_plotlyjs=True``); nothing is loaded from a CDN. The only URL
+    inside plotly.js -- the default topojson location for geo maps, which these figures never draw
+    -- is pointed at a relative folder so the file references no remote host at all.
+    """
+    figure = getattr(fig, "figure", fig)
+    if not isinstance(figure, go.Figure):  # FigureWidget is a BaseFigure but not a go.Figure
+        figure = go.Figure(figure)
+    text = figure.to_html(include_plotlyjs=True, full_html=True, include_mathjax=False,
+                          config={"responsive": True, "displaylogo": False})
+    text = text.replace(_CDN_TOPOJSON, '"topojson/"')
+    if title:
+        text = text.replace("<head>", f"<head><title>{html.escape(title)}</title>", 1)
+    p = Path(path)
+    p.write_text(text, encoding="utf-8")
+    return p

@@ -35,31 +35,9 @@ import traitlets
 
 from torchneuron_lab.tracing import KernelEvent, Trace
 from torchneuron_lab.widgets import figures as F
+from torchneuron_lab.widgets.figures import _CDN_TOPOJSON, save_html
 
 __all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "apply_traces", "save_html", "static_fallback"]
-
-_CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
-
-
-def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
-    """Write ``fig`` (a Figure, FigureWidget, or one of this module's widgets) as one offline HTML file.
-
-    plotly.js is embedded (``include_plotlyjs=True``); nothing is loaded from a CDN. The only URL
-    inside plotly.js -- the default topojson location for geo maps, which these figures never draw
-    -- is pointed at a relative folder so the file references no remote host at all.
-    """
-    figure = getattr(fig, "figure", fig)
-    if not isinstance(figure, go.Figure):  # FigureWidget is a BaseFigure but not a go.Figure
-        figure = go.Figure(figure)
-    text = figure.to_html(include_plotlyjs=True, full_html=True, include_mathjax=False,
-                          config={"responsive": True, "displaylogo": False})
-    text = text.replace(_CDN_TOPOJSON, '"topojson/"')
-    if title:
-        text = text.replace("<head>", f"<head><title>{html.escape(title)}</title>", 1)
-    p = Path(path)
-    p.write_text(text, encoding="utf-8")
-    return p
-
 
 _TYPE_RANK = {"bar": 0, "scatter": 1, "scattergl": 2}
 _SKIP = frozenset({"type", "uid"})
