@@ -175,6 +175,66 @@ def test_unwritable_outputs_fail_before_the_script_runs(tmp_path: Path, option: 
     assert r.returncode == 2 and "is a directory" in r.stderr and "SCRIPT RAN" not in r.stdout
 
 
+@pytest.mark.parametrize("args", [
+    ("-o", "same.out", "--trace", "same.out"),  # the report would replace the trace (both were "written")
+    ("-o", "x.py"),  # the script itself
+    ("--trace", "./x.py"),
+    ("-o", "link.html"),  # a symlink to the script
+    ("--trace", "-"),  # standard output carries the summary
+])
+def test_outputs_that_would_overwrite_each_other_or_the_script_fail_before_it_runs(
+        tmp_path: Path, args: tuple[str, ...]) -> None:
+    script = tmp_path / "x.py"
+    script.write_text("print('SCRIPT RAN')\n")
+    (tmp_path / "link.html").symlink_to(script)
+    r = cli("profile", "x.py", *args, cwd=tmp_path)
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "SCRIPT RAN" not in r.stdout
+    assert script.read_text() == "print('SCRIPT RAN')\n"
+    assert not (tmp_path / "same.out").exists() and not (tmp_path / "-").exists()
+    expected = {"same.out": "name the same file", "-": "standard output is not supported"}.get(args[-1],
+                                                                                                "is the script being profiled")
+    assert expected in r.stderr, r.stderr
+
+
+def test_profile_report_gz_and_a_script_name_with_markup(tmp_path: Path) -> None:
+    import gzip
+
+    name = "a<b>c&d.py"
+    (tmp_path / name).write_text("import torch\n(torch.ones(8, device='neuron') * 2).sum().item()\n")
+    r = cli("profile", name, "-o", "r.html.gz", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    text = gzip.decompress((tmp_path / "r.html.gz").read_bytes()).decode()  # gzip, as --trace t.json.gz is
+    assert "Plotly.newPlot" in text
+    # the figure's title shows the name as text: plotly would draw <b> as bold (it reads a title's tags)
+    titles = [t for t in re.findall(r'"title":\{"text":"([^"]*)"', text) if "kernel timeline" in t]
+    assert titles == ["a&lt;b&gt;c&amp;d.py: kernel timeline"], titles
+    assert "<title>torchneuron-lab profile a&lt;b&gt;c&amp;d.py</title>" in text
+
+
+def test_write_atomically_leaves_the_old_file_when_writing_fails(tmp_path: Path) -> None:
+    from torchneuron_lab.tracing.chrome_trace import write_atomically
+    from torchneuron_lab.widgets import save_html
+
+    old = tmp_path / "report.html"
+    old.write_text("the previous report")
+
+    def half_then_fail(fh: object) -> None:
+        fh.write(b"<html>half")  # type: ignore[attr-defined]
+        raise KeyboardInterrupt  # Ctrl-C in the middle
+
+    with pytest.raises(KeyboardInterrupt):
+        write_atomically(old, half_then_fail)
+    assert old.read_text() == "the previous report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.html"]  # no temporary file left
+    # save_html: a title UTF-8 cannot encode (a script file name that is not valid UTF-8) is written, not fatal
+    import plotly.graph_objects as go
+
+    save_html(go.Figure(), old, title="run of bad\udcffname.py")
+    text = old.read_text(encoding="utf-8")
+    assert "<title>run of bad?name.py</title>" in text and "Plotly.newPlot" in text
+
+
 def test_outputs_resolve_where_the_command_started_even_if_the_script_chdirs(tmp_path: Path) -> None:
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()

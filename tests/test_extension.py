@@ -765,3 +765,23 @@ def test_notebook_through_a_jupyter_kernel(tmp_path: Path) -> None:
     assert [v["text/plain"].split(":")[0] for v in mem_views] == ["TimelineWidget", "MemoryWidget"], outs[5]
     assert "peak allocated 4.00 MiB" in mem_views[1]["text/plain"]
     assert list(tmp_path.iterdir()) == []
+
+
+def test_text_reports_keep_a_name_with_control_characters_on_one_line() -> None:
+    # a function's name or a file name may hold a newline or a tab (code built at run time, any Linux path):
+    # the plain-text report escapes them where it shows a location, so a table row stays one row
+    from torchneuron_lab.extension.helpers import profile_cell
+
+    def launch() -> None:
+        (torch.ones(7, 3, device="neuron") * 3).sum().item()
+
+    launch.__code__ = launch.__code__.replace(co_name="odd\nname\there", co_filename="/tmp/dir\twith tab.py")
+    res, _, error = profile_cell(launch, record_shapes=True, memory_peak=False, top=10)
+    assert error is None
+    text = str(res)
+    sig = [ln for ln in text.splitlines() if "new signature aten::mul.Tensor([7, 3]" in ln]
+    assert len(sig) == 1, text
+    assert "/tmp/dir\\twith tab.py:" in sig[0] and sig[0].endswith(" in odd\\nname\\there"), sig
+    assert "\there" not in text and "name\n" not in text
+    for line in text.splitlines():  # no raw tab left in any line
+        assert "\t" not in line

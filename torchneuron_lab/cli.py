@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
 import re
@@ -137,9 +138,11 @@ def run_notebook_report(name: str, html_path: Path, *, cwd: Path, timeout: int =
                    resources={"metadata": {"path": str(cwd)}}).execute()
     exporter = HTMLExporter(embed_images=True)
     body, _ = exporter.from_notebook_node(nb)
+    from torchneuron_lab.tracing.chrome_trace import write_atomically
+
     body = _REMOTE_SCRIPT.sub("", body).replace(_CDN_TOPOJSON, '"topojson/"')
-    html_path.write_text(body, encoding="utf-8")
-    return html_path
+    data = body.encode("utf-8", errors="replace")
+    return write_atomically(html_path, lambda fh: fh.write(data))
 
 
 def _user_traceback(exc: BaseException, script: Path) -> str:
@@ -162,6 +165,9 @@ def output_path(value: str | None, option: str) -> Path | None:
     """
     if value is None:
         return None
+    if value == "-":
+        raise ValueError(f"{option} -: standard output is not supported (the summary is printed there); "
+                         "give a file name")
     path = Path(value).expanduser().absolute()
     if path.is_dir():
         raise ValueError(f"{option} {value}: is a directory; give a file name")
@@ -171,6 +177,30 @@ def output_path(value: str | None, option: str) -> Path | None:
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise ValueError(f"{option} {value}: not writable")
     return path
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """``a`` and ``b`` name one file (symlinks and hard links followed; either may not exist yet)."""
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except OSError:
+        pass
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _distinct_outputs(script: Path, report: Path | None, trace: Path | None) -> None:
+    """Refuse, before the run, outputs that would overwrite each other or the script.
+
+    Raises:
+        ValueError: naming the two options.
+    """
+    if report is not None and trace is not None and _same_file(report, trace):
+        raise ValueError(f"-o/--output and --trace name the same file ({report}): the report would replace "
+                         "the trace")
+    for path, option in ((report, "-o/--output"), (trace, "--trace")):
+        if path is not None and _same_file(path, script):
+            raise ValueError(f"{option} {path}: is the script being profiled; give another file name")
 
 
 def _dropped_line(trace: object) -> str | None:
@@ -194,6 +224,7 @@ def _profile(args: argparse.Namespace) -> int:
     try:  # checked and made absolute now: a script that fails late or chdirs does not lose the report
         report_path = output_path(args.output, "-o/--output")
         trace_path = output_path(args.trace, "--trace")
+        _distinct_outputs(script, report_path, trace_path)
     except ValueError as e:
         print(f"torchneuron-lab profile: error: {e}", file=sys.stderr)
         return 2
@@ -241,10 +272,11 @@ def _profile(args: argparse.Namespace) -> int:
         if report_path is not None:
             from torchneuron_lab.widgets import save_html, timeline_figure
 
-            fig = timeline_figure(res.trace, title=f"{script.name}: kernel timeline")
+            # plotly draws a title's tags (<b>, <br>...): the script's name is text
+            fig = timeline_figure(res.trace, title=f"{html.escape(script.name)}: kernel timeline")
             written = save_html(fig, str(report_path), title=f"torchneuron-lab profile {script.name}")
             print(f"  timeline figure written to {written}")
-    except OSError as e:
+    except (OSError, UnicodeError) as e:
         print(f"torchneuron-lab profile: cannot write the output: {e}", file=sys.stderr)
         return exit_code or 1
     finally:

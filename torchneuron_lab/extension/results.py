@@ -55,8 +55,17 @@ def fmt_ns(ns: float | None) -> str:
     return f"{ns / 1e9:.3f} s"
 
 
+# control characters of a name or a path (a newline in a function's name, a tab in a file name) escaped where a
+# report shows them: a table cell or a location stays on its line
+_CONTROL = {c: f"\\x{c:02x}" for c in range(32)} | {10: "\\n", 13: "\\r", 9: "\\t", 127: "\\x7f"}
+
+
+def _one_line(text: str) -> str:
+    return text.translate(_CONTROL)
+
+
 def _text_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], indent: str = "  ") -> list[str]:
-    cells = [[str(c) for c in r] for r in rows]
+    cells = [[_one_line(str(c)) for c in r] for r in rows]
     widths = [len(h) for h in headers]
     for r in cells:
         for i, c in enumerate(r):
@@ -399,7 +408,7 @@ class MemoryResult(_Rich):
             f"  fix: {d.advice}",
         ]
         for fr in o.get("frames", [])[:3]:
-            lines.append(f"    at {fr.get('location') or fr.get('filename')}:{fr.get('line', '')}")
+            lines.append(_one_line(f"    at {fr.get('location') or fr.get('filename')}:{fr.get('line', '')}"))
         return lines
 
     def _headline(self) -> str:
@@ -419,7 +428,7 @@ class MemoryResult(_Rich):
             blocks = " ".join(f"[{b['state'][0]}{fmt_bytes(b['size'])}]" for b in s["blocks"])
             lines.append(f"  segment {s['address']:#x} {s['segment_type']} {fmt_bytes(s['total_size'])}: {blocks}")
         for h in self.history:
-            lines.append(f"  {h['action']:<14} {fmt_bytes(h.get('size', 0)):>10}  {h.get('location', '')}")
+            lines.append(f"  {h['action']:<14} {fmt_bytes(h.get('size', 0)):>10}  {_one_line(str(h.get('location', '')))}")
         lines += ["  " + ln for ln in self._oom_lines()]
         lines += [f"  {n}" for n in self.notes]
         return "\n".join(lines)
@@ -589,14 +598,14 @@ class ProfileResult(_Rich):
         lines = []
         for r in self.summary["new_signatures"][: self.top]:
             sig = "; ".join(x for x in (r["shapes"], r["dtypes"]) if x)
-            lines.append(f"new signature {r['name']}({sig}) at {r['location'] or '?'}")
+            lines.append(_one_line(f"new signature {r['name']}({sig}) at {r['location'] or '?'}"))
         for d, m in self.memory.items():
             lines.append(f"neuron:{d} memory {fmt_bytes(m['before'])} -> {fmt_bytes(m['after'])}, "
                          f"peak {fmt_bytes(m['peak'])}")
         if self.new_subgraphs:
             lines.append("compiled graphs: " + ", ".join(f"#{i}" for i in self.new_subgraphs))
         for b in self.graph_breaks:
-            lines.append(f"graph break at {b['location']}: {b['reason']}")
+            lines.append(f"graph break at {_one_line(str(b['location']))}: {b['reason']}")
         if self.plan_check_wait_ns >= _PLAN_CHECK_SHOWN_NS:
             lines.append(_plan_check_text(self.plan_checks, self.plan_check_wait_ns))
         if self.trace.dropped:

@@ -36,7 +36,7 @@ import json
 import math
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ __all__ = [
     "chrome_trace_problems",
     "to_chrome_trace",
     "validate_chrome_trace",
+    "write_atomically",
     "write_chrome_trace",
 ]
 
@@ -415,39 +416,49 @@ def write_chrome_trace(
     The trace is validated before anything is written. Returns the path written.
     """
     trace = to_chrome_trace(events, metadata, relative=relative)
-    p = Path(path)
     gc_was = gc.isenabled()
     gc.disable()
     try:
         validate_chrome_trace(trace, check_json=False)
-        # A regular file (or a new one) is written next to itself and renamed into place: an invalid trace
-        # leaves no file, or the old one. Anything else (a symlink, /dev/stdout, a FIFO) is written directly.
-        direct = p.is_symlink() or (p.exists() and not p.is_file())
-        tmp: Path | None = None
-        if direct:
-            raw = open(p, "wb")  # noqa: SIM115 - closed below
-        else:
-            fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-            tmp, raw = Path(name), os.fdopen(fd, "wb")
         try:
-            with raw:
-                if p.suffix == ".gz":  # the header names the target, not the temporary file
-                    with gzip.GzipFile(filename=p.name[:-3], mode="wb", fileobj=raw) as gz:
-                        _dump_in_chunks(trace, gz)
-                else:
-                    _dump_in_chunks(trace, raw)
-            if tmp is not None:
-                os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o666 & ~_umask())  # not mkstemp's 0600
-                os.replace(tmp, p)
-                tmp = None
+            return write_atomically(path, lambda fh: _dump_in_chunks(trace, fh))
         except (TypeError, ValueError) as exc:  # the strict-JSON check is this dump
             raise ValueError(f"invalid Chrome trace (1 problem(s)):\n  not JSON-serialisable: {exc}") from None
-        finally:
-            if tmp is not None:
-                tmp.unlink(missing_ok=True)
     finally:
         if gc_was:
             gc.enable()
+
+
+def write_atomically(path: str | os.PathLike[str], write: Callable[[Any], None]) -> Path:
+    """Call ``write(fh)`` with a binary file for ``path`` (gzip-compressed when it ends in '.gz'); return the path.
+
+    A regular file (or a new one) is written next to itself and renamed into place, so a failure (an
+    exception from ``write``, a full disk, Ctrl-C) leaves no file, or the old one untouched. Anything else
+    (a symlink, /dev/stdout, a FIFO) is written directly. The new file gets the umask's permissions (not
+    ``mkstemp``'s 0600), or the old file's.
+    """
+    p = Path(path)
+    direct = p.is_symlink() or (p.exists() and not p.is_file())
+    tmp: Path | None = None
+    if direct:
+        raw = open(p, "wb")  # noqa: SIM115 - closed below
+    else:
+        fd, name = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+        tmp, raw = Path(name), os.fdopen(fd, "wb")
+    try:
+        with raw:
+            if p.suffix == ".gz":  # the header names the target, not the temporary file
+                with gzip.GzipFile(filename=p.name[:-3], mode="wb", fileobj=raw) as gz:
+                    write(gz)
+            else:
+                write(raw)
+        if tmp is not None:
+            os.chmod(tmp, p.stat().st_mode & 0o777 if p.exists() else 0o666 & ~_umask())
+            os.replace(tmp, p)
+            tmp = None
+    finally:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
     return p
 
 

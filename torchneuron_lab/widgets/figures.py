@@ -36,6 +36,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from torchneuron_lab.tracing import ENGINES, KernelEvent, Trace, device_name
+from torchneuron_lab.tracing.chrome_trace import write_atomically
 from torchneuron_lab.tracing.frames import is_internal
 
 __all__ = [
@@ -1418,6 +1419,10 @@ def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = Non
     plotly.js is embedded (``include_plotlyjs=True``); nothing is loaded from a CDN. The only URL
     inside plotly.js -- the default topojson location for geo maps, which these figures never draw
     -- is pointed at a relative folder so the file references no remote host at all.
+
+    The file is written next to itself and renamed into place (a failure leaves the old file as it was);
+    a path ending in '.gz' is gzip-compressed. A character UTF-8 cannot encode (a lone surrogate: a file
+    name that is not valid UTF-8) is written as '?'.
     """
     figure = getattr(fig, "figure", fig)
     if not isinstance(figure, go.Figure):  # FigureWidget is a BaseFigure but not a go.Figure
@@ -1427,6 +1432,5 @@ def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = Non
     text = text.replace(_CDN_TOPOJSON, '"topojson/"')
     if title:
         text = text.replace("<head>", f"<head><title>{html.escape(title)}</title>", 1)
-    p = Path(path)
-    p.write_text(text, encoding="utf-8")
-    return p
+    data = text.encode("utf-8", errors="replace")
+    return write_atomically(path, lambda fh: fh.write(data))
