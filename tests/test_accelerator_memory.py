@@ -295,3 +295,75 @@ def test_caching_allocator_delete_of_the_null_pointer_of_a_zero_byte_alloc_is_a_
     assert torch.neuron.memory_stats()["allocation.all.current"] == before
     with pytest.raises(RuntimeError, match="invalid device pointer"):
         torch.neuron.caching_allocator_delete(12345)  # a pointer it never gave out still raises
+
+
+def test_a_bad_fork_child_gets_the_error_from_every_stream_event_and_rng_call_and_never_blocks() -> None:
+    # torch.cuda raises "Cannot re-initialize CUDA in forked subprocess" from synchronize, current_stream, a new
+    # stream, an event's record, a stream's query and get_rng_state (all call _lazy_init); on neuron they returned
+    # silently, and a child forked while a worker held a stream queue's lock blocked forever in query() or
+    # record() (13 children of 20 in a hostile probe). Each fork here happens with tiny kernels in flight.
+    facts = run_child("""
+        import json, os, time, torch, torchneuron_lab
+        N = torch.neuron
+        calls = [("synchronize", N.synchronize), ("current_stream", N.current_stream),
+                 ("default_stream", N.default_stream), ("new stream", lambda: N.Stream()),
+                 ("torch.Stream", lambda: torch.Stream(device="neuron")),
+                 ("event record", lambda: N.Event().record()),
+                 ("torch.Event record", lambda: torch.Event(device="neuron").record()),
+                 ("stream query", lambda: s.query()), ("other stream query", lambda: s2.query()),
+                 ("stream synchronize", lambda: s2.synchronize()), ("event query", lambda: ev.query()),
+                 ("accelerator synchronize", torch.accelerator.synchronize),
+                 ("get_rng_state", N.get_rng_state), ("kernel", lambda: torch.ones(2, device="neuron") + 1)]
+        x = torch.ones(64, device="neuron")
+        s, s2, ev = N.current_stream(), N.Stream(), N.Event()  # made by the parent, used by the child
+        ev.record(s2)
+        runs = []
+        for attempt in range(8):
+            for _ in range(300):
+                x.add_(1)  # the workers are busy (and take their queue's lock) when the process forks
+            r, w = os.pipe()
+            pid = os.fork()
+            if pid == 0:
+                os.close(r)
+                out = {}
+                try:
+                    for name, call in calls:
+                        t0 = time.perf_counter()
+                        try:
+                            call()
+                            what = "returned"
+                        except Exception as e:
+                            what = ("bad fork" if "Cannot re-initialize neuron in forked subprocess" in str(e)
+                                    else f"{type(e).__name__}: {e}")
+                        out[name] = [what, time.perf_counter() - t0 < 2.0]
+                    del x  # freeing an inherited tensor stays allowed (and must not block either)
+                    out["allocated"] = N.memory_allocated()
+                except BaseException as e:
+                    out["child failed"] = repr(e)
+                finally:
+                    os.write(w, json.dumps(out).encode())
+                    os._exit(0)
+            os.close(w)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    break
+                time.sleep(0.05)
+            else:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                runs.append("child blocked for 30 s")
+                continue
+            runs.append(json.loads(os.read(r, 100000) or b'"no report"'))
+        N.synchronize()
+        print(json.dumps({"runs": runs, "parent": x[0].item()}))
+    """, timeout=400)
+    expected = {name: ["bad fork", True] for name in (
+        "synchronize", "current_stream", "default_stream", "new stream", "torch.Stream", "event record",
+        "torch.Event record", "stream query", "other stream query", "stream synchronize", "event query",
+        "accelerator synchronize", "get_rng_state", "kernel")}
+    expected["allocated"] = 0
+    for run in facts["runs"]:
+        assert run == expected, {k: v for k, v in (run.items() if isinstance(run, dict) else [("run", run)]) if expected.get(k) != v}
+    assert facts["parent"] == 1 + 8 * 300  # the parent's device is unaffected

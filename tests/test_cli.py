@@ -18,8 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    # undecodable bytes of a file name the output repeats are shown as U+FFFD
     return subprocess.run([sys.executable, "-m", "torchneuron_lab.cli", *args], check=False, cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, encoding="utf-8", errors="replace", timeout=timeout)
 
 
 SCRIPT = """\
@@ -295,3 +296,15 @@ def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_pa
     validate_chrome_trace(obj)
     assert sum(1 for e in obj["traceEvents"] if e.get("name") == "aten::mm") >= 200
     assert "Plotly.newPlot" in (tmp_path / "r.html").read_text()
+
+
+def test_profile_a_script_whose_file_name_is_not_utf8(tmp_path: Path) -> None:
+    # the memory snapshot the profile takes failed on the script's own frames (PyTorch's symbolizer cannot
+    # encode the name): an internal traceback, exit 1, and no summary, trace or report
+    name = os.fsdecode(b"s\xffx.py")
+    (tmp_path / name).write_text("import torch\nx = torch.ones(256, device='neuron')\nprint('ok', (x * 2).sum().item())\n")
+    r = cli("profile", name, "-o", "r.html", "--trace", "t.json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "ok 512.0" in r.stdout and "timeline figure written to" in r.stdout, r.stdout
+    validate_chrome_trace(json.loads((tmp_path / "t.json").read_text()))
+    assert "Plotly.newPlot" in (tmp_path / "r.html").read_text(encoding="utf-8")

@@ -785,3 +785,24 @@ def test_text_reports_keep_a_name_with_control_characters_on_one_line() -> None:
     assert "\there" not in text and "name\n" not in text
     for line in text.splitlines():  # no raw tab left in any line
         assert "\t" not in line
+
+
+def test_a_failing_memory_snapshot_keeps_the_profile_and_the_cells_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the snapshot is taken in a finally: its exception replaced the cell's and lost the whole profile
+    from torchneuron_lab.device import memory as mem
+    from torchneuron_lab.extension.helpers import profile_cell
+
+    def broken(*a: Any, **k: Any) -> Any:
+        raise RuntimeError("symbolizer refused a frame")
+
+    monkeypatch.setattr(mem, "_snapshot", broken)
+
+    def cell() -> None:
+        (torch.ones(5, device="neuron") * 2).sum().item()
+        raise ValueError("the cell's own error")
+
+    with pytest.warns(RuntimeWarning, match="memory snapshot failed .RuntimeError: symbolizer refused a frame"):
+        res, _, error = profile_cell(cell, record_shapes=False, memory_peak=True, top=10)
+    assert isinstance(error, ValueError) and str(error) == "the cell's own error"
+    assert res.memory_snapshot is None
+    assert sum(1 for e in res.trace.events if e.name == "aten::mul.Tensor") == 1

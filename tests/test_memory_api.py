@@ -683,3 +683,29 @@ def test_memory_viz_text_reports_accept_the_snapshot(
     diff = _memory_viz.compare(before, after, format_flamegraph=lambda lines: lines)
     assert all(line.startswith("only_before;") for line in diff.splitlines())
     assert "only_after = []" in capsys.readouterr().out
+
+
+def test_snapshot_with_a_frame_whose_file_name_is_not_utf8() -> None:
+    # a script whose file name has undecodable bytes (any Linux path may): PyTorch's symbolizer refuses the whole
+    # batch of stacks (torch.cuda's _snapshot raises); here only that frame's stack is replaced, by one saying why
+    g: dict = {}
+    exec(compile("import torch\ndef alloc():\n    return torch.empty(1024, device='neuron')\n",
+                 "/tmp/bad\udcffname.py", "exec"), g)
+
+    def alloc_here() -> torch.Tensor:
+        return torch.empty(2048, device="neuron")
+
+    N = torch.neuron
+    N.memory._record_memory_history(max_entries=1000)
+    try:
+        bad, good = g["alloc"](), alloc_here()
+        snap = N.memory._snapshot()
+        assert N.memory_snapshot()  # the other readers of the same state
+    finally:
+        N.memory._record_memory_history(None)
+    blocks = {b["address"]: b for seg in snap["segments"] for b in seg["blocks"] if b["state"] == "active_allocated"}
+    bad_frames = blocks[bad.data_ptr()]["frames"]
+    assert [f["name"] for f in bad_frames] == ["?"] and "not valid UTF-8" in bad_frames[0]["filename"]
+    good_frames = blocks[good.data_ptr()]["frames"]
+    assert any(f["name"] == "alloc_here" and f["filename"] == __file__ for f in good_frames), good_frames
+    del bad, good

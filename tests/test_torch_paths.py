@@ -361,3 +361,19 @@ emit(facts)
     assert facts["cpu_still_runs"] == [2.0, 2.0]
     assert facts["both"] == {"value": [2.0, 2.0]}
     assert facts["mkl"]["error"] == "NotImplementedError" and "'PrivateUse1' backend" in facts["mkl"]["message"]
+
+
+def test_set_past_the_storage_end_keeps_a_queued_write_to_that_storage() -> None:
+    # set_() with a geometry past the storage's end grows it (its bytes copied on the host); the copy did not
+    # wait for the queued add_ writing those bytes, which then wrote the old block: x read [0, 0, 0, 0]
+    def run(dev: str) -> tuple[list[float], list[float], int]:
+        a = torch.ones(700, 700, device=dev)
+        for _ in range(20):
+            a = a * 1.0 + 0  # keeps the queue busy
+        x = torch.zeros(4, device=dev)
+        x.add_(a[0, :4])
+        t = torch.empty(0, device=dev).set_(x.untyped_storage(), 0, (10,), (1,))
+        return x.tolist(), t[:4].tolist(), x.untyped_storage().nbytes()
+
+    assert run("neuron") == run("cpu") == ([1.0] * 4, [1.0] * 4, 40)
+

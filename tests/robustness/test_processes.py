@@ -105,6 +105,10 @@ facts = {
     "simple_queue_put": outcome(lambda: tmp.get_context("fork").SimpleQueue().put(x)),
     "pickle_storage": outcome(lambda: mp.reduction.ForkingPickler.dumps(x.untyped_storage())),
     "pickle_parameter": outcome(lambda: mp.reduction.ForkingPickler.dumps(torch.nn.Parameter(x))),
+    # behind something only multiprocessing's pickler reduces (a socket): the plain pickler that looked for
+    # neuron tensors stopped there, put() returned, and the error came from the feeder thread
+    "queue_put_behind_a_socket": outcome(lambda: q.put((__import__("socket").socket(), x))),
+    "queue_put_in_a_partial": outcome(lambda: q.put(__import__("functools").partial(print, x))),
 }
 q.put(torch.arange(3.0))  # CPU tensors still travel
 facts["cpu_round_trip"] = q.get(timeout=30).tolist()
@@ -121,7 +125,8 @@ SHARING_ERROR = (
 
 def test_sending_a_neuron_tensor_to_another_process_fails_in_the_caller() -> None:
     facts = run_child(SHARING, outcomes=True)
-    for name in ("queue_put", "queue_put_nested", "simple_queue_put", "pickle_storage", "pickle_parameter"):
+    for name in ("queue_put", "queue_put_nested", "simple_queue_put", "pickle_storage", "pickle_parameter",
+                 "queue_put_behind_a_socket", "queue_put_in_a_partial"):
         assert facts[name] == {"error": "RuntimeError", "message": SHARING_ERROR}, name
     assert facts["cpu_round_trip"] == [0.0, 1.0, 2.0]
     assert facts["pickle_to_disk_still_fine"] == {"value": [0.0, 1.0, 2.0, 3.0]}

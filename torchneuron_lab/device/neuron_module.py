@@ -322,12 +322,14 @@ class Event(torch.Event):
 
 def current_stream(device: _DeviceLike = None) -> Stream:
     """This thread's current stream on the device (the default stream unless one was set)."""
+    _lazy_init()  # in a child forked after the device was used: CUDA's bad-fork error, as torch.cuda's
     i = _index(device)
     return Stream(stream_id=int(_lib().current_stream(i)), device_index=i, device_type=_device_type_code())
 
 
 def default_stream(device: _DeviceLike = None) -> Stream:
     """The device's default stream (stream id 0)."""
+    _lazy_init()
     return Stream(stream_id=0, device_index=_index(device), device_type=_device_type_code())
 
 
@@ -513,6 +515,7 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device: _DeviceLike = "neuron") -> torch.Tensor:
+    _lazy_init()
     return _gen(None if device == "neuron" else device).get_state()
 
 
@@ -569,10 +572,22 @@ class _NullSink:
 
 
 def _contains_neuron_tensor(obj: object) -> bool:
-    """Walk ``obj`` as pickle would (tensors and storages are not serialised, only inspected)."""
+    """Walk ``obj`` as pickle would (tensors and storages are not serialised, only inspected).
+
+    Objects multiprocessing's own pickler reduces (sockets, connections, ``ForkingPickler.register``'s types)
+    are leaves of the walk: a plain pickler refuses them, which ended the walk before a neuron tensor after
+    them was seen (the error then came from the queue's feeder thread, and the receiver waited).
+    """
+    import functools
     import pickle
+    import types
+    from multiprocessing.reduction import ForkingPickler
 
     found = False
+    # (bound methods and partials are among those types, but a plain pickler walks them: what they hold counts)
+    walkable = (types.MethodType, types.MethodDescriptorType, types.WrapperDescriptorType, functools.partial)
+    by_multiprocessing = tuple(t for t in getattr(ForkingPickler, "_extra_reducers", {})
+                               if isinstance(t, type) and not issubclass(t, walkable))
 
     class _Probe(pickle.Pickler):
         def reducer_override(self, o: Any) -> Any:
@@ -581,6 +596,8 @@ def _contains_neuron_tensor(obj: object) -> bool:
                 if _is_neuron(o):
                     found = True
                     raise RuntimeError(_SHARING_ERROR)
+                return (int, ())
+            if by_multiprocessing and isinstance(o, by_multiprocessing):
                 return (int, ())
             return NotImplemented
 

@@ -414,6 +414,13 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
                 traces: list[Any] = list(snapshot.get("device_traces") or [])
                 snapshot["device_traces"] = [t[marks[i]:] if i < len(marks) and marks[i] <= len(t) else t
                                              for i, t in enumerate(traces)]
+            except Exception as exc:  # noqa: BLE001 - the peak is one line of the report: keep the rest (and
+                # the cell's own error, which an exception raised here would replace)
+                import warnings
+
+                warnings.warn(f"torchneuron_lab: the memory snapshot failed ({type(exc).__name__}: {exc}); "
+                              "the profile has no memory peak", RuntimeWarning, stacklevel=2)
+                snapshot = None
             finally:
                 if turned_on:  # we turned it on: restore what was there before
                     mem._record_memory_history(prev_history["enabled"], context=prev_history["context"],

@@ -905,6 +905,7 @@ void fork_child() {
   // copy-on-write snapshot, the parent's other threads are gone); freeing inherited tensors stays safe.
   if (runtime_started()) g_bad_fork.store(true);
   fork_parent();
+  reset_queue_locks_after_fork();
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <torch/csrc/profiler/combined_traceback.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <array>
 
 // From libtorch_python (torch/csrc/profiler/python/combined_traceback.h, whose header needs a JSON
@@ -39,7 +40,32 @@ py::list symbolize_all(const std::vector<std::shared_ptr<c10::GatheredContext>>&
     }
   }
   std::vector<py::object> frames;
-  if (!tbs.empty()) frames = torch::py_symbolize(tbs);
+  if (!tbs.empty()) {
+    try {
+      frames = torch::py_symbolize(tbs);
+    } catch (const std::exception&) {
+      // PyTorch's symbolizer refuses a whole batch when one frame's file or function name is not valid UTF-8
+      // (a lone surrogate: a file name with undecodable bytes); torch.cuda's snapshot raises then. Here only
+      // the stacks holding such a frame lose their frames, to one that says why.
+      if (PyErr_Occurred()) PyErr_Clear();
+      frames.clear();
+      for (auto* tb : tbs) {
+        std::vector<torch::CapturedTraceback*> one{tb};
+        try {
+          frames.push_back(torch::py_symbolize(one)[0]);
+        } catch (const std::exception&) {
+          if (PyErr_Occurred()) PyErr_Clear();
+          py::dict fr;
+          fr["filename"] = "<a frame's file or function name is not valid UTF-8: this stack cannot be shown>";
+          fr["line"] = 0;
+          fr["name"] = "?";
+          py::list only;
+          only.append(fr);
+          frames.push_back(only);
+        }
+      }
+    }
+  }
   py::list out;
   for (size_t i = 0; i < ctxs.size(); ++i) {
     if (index[i] < 0) out.append(py::list());
@@ -91,11 +117,51 @@ EventKind kind_from(const std::string& s) {
   TORCH_CHECK_VALUE(false, "unknown event kind '", s, "'; expected kernel, dma, sync or marker");
 }
 
+// Line numbers of one code object's instructions. PyCode_Addr2Line scans the code's line table from its start
+// on every call, so a large function (a generated FX forward of 10,000 lines) launching from many of its lines
+// cost time quadratic in its size; from a code object's second distinct instruction on, its table is read once
+// (co_lines(): (start, end, line) ranges of byte offsets, in order) and searched.
+class LineTable {
+ public:
+  int line(PyCodeObject* code, int lasti) {
+    if (lasti < 0 || (!built_ && ++lookups_ < 2)) return PyCode_Addr2Line(code, lasti);
+    if (!built_) build(code);
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), lasti,
+                               [](int x, const Range& r) { return x < r.start; });
+    if (it != ranges_.begin() && lasti < (it - 1)->end) return (it - 1)->line;
+    return PyCode_Addr2Line(code, lasti);  // outside every range (not expected): CPython's own answer
+  }
+
+ private:
+  struct Range {
+    int start, end, line;
+  };
+  void build(PyCodeObject* code) {
+    built_ = true;
+    try {
+      py::object lines = py::reinterpret_borrow<py::object>(reinterpret_cast<PyObject*>(code)).attr("co_lines")();
+      for (py::handle item : lines) {
+        auto t = py::reinterpret_borrow<py::tuple>(item);
+        const int start = t[0].cast<int>(), end = t[1].cast<int>();
+        const int line = t[2].is_none() ? -1 : t[2].cast<int>();
+        if (end > start) ranges_.push_back({start, end, line});
+      }
+    } catch (const std::exception&) {  // no co_lines: every lookup is CPython's
+      if (PyErr_Occurred()) PyErr_Clear();
+      ranges_.clear();
+    }
+  }
+  std::vector<Range> ranges_;
+  int lookups_ = 0;
+  bool built_ = false;
+};
+
 // Interned stacks symbolized once each: list by stack id of [(filename, line, name), ...] innermost last.
 // Frames shared by several stacks are built once.
 py::list recorder_stacks_py() {
   std::vector<std::vector<StackFrameRef>> all = stacks_snapshot();
   std::unordered_map<const void*, std::unordered_map<int, py::object>> frames;
+  std::unordered_map<const void*, LineTable> tables;
   py::list out;
   for (const auto& st : all) {
     py::list fl(st.size());
@@ -104,7 +170,7 @@ py::list recorder_stacks_py() {
       py::object& slot = frames[fr.code][fr.lasti];
       if (!slot) {
         auto* code = reinterpret_cast<PyCodeObject*>(fr.code);
-        const int line = PyCode_Addr2Line(code, fr.lasti);
+        const int line = tables[fr.code].line(code, fr.lasti);
         slot = py::make_tuple(py::reinterpret_borrow<py::object>(code->co_filename), line,
                               py::reinterpret_borrow<py::object>(code->co_name));
       }

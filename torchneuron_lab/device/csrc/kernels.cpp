@@ -2146,8 +2146,25 @@ at::Tensor& set_storage(at::Tensor& self, c10::Storage source, int64_t offset, c
               "\" to a storage on different device \"", source.device(), "\".  This is no longer allowed; the "
               "devices must match.");
   c10::DeviceGuard guard(source.device().has_index() ? source.device() : self.device());
+  // A geometry past the storage's end grows it, copying its bytes on the host, as resize_ does: queued kernels
+  // writing them must finish first (else the copy took the bytes before them and their writes went to the
+  // old block: a lost result).
+  if (worker_stream() < 0 && source.nbytes() > 0) {
+    size_t need = 0;
+    try {
+      need = stride.empty() ? at::detail::computeStorageNbytesContiguous(size, self.dtype().itemsize(), offset)
+                            : at::detail::computeStorageNbytes(size, stride, self.dtype().itemsize(), offset);
+    } catch (const std::exception&) {
+      need = 0;  // set_storage_cpu_ raises its own error for this geometry
+    }
+    if (need > source.nbytes()) {
+      const int d = source.device().has_index() ? source.device().index() : current_device();
+      synchronize_stream(d, current_stream(d), "sync: set_ (storage grown)");
+    }
+  }
   GeometryRestore before(self);
   try {
+    HostNowGuard now;  // a grown storage is copied on the host now
     at::native::set_storage_cpu_(self, std::move(source), offset, size, stride);
   } catch (...) {
     before.restore();

@@ -93,6 +93,7 @@ bool is_pinned_host_ptr(const void* ptr);
 void install_fork_handlers();
 bool in_bad_fork();
 void check_not_in_bad_fork();
+void reset_queue_locks_after_fork();  // queue.cpp; the allocator's fork handler calls it in the child
 void init_devices();  // torch.neuron.init(): creates every device's allocator state
 
 // ---- generator.cpp ----

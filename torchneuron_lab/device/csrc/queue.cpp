@@ -64,10 +64,11 @@ struct AsyncError {
 };
 
 struct StreamQueue {
-  StreamQueue() {
-    // The host (enqueue) and the worker (take, complete) hold `mu` for a few instructions each, many
-    // times per microsecond in a burst of small launches: an adaptive mutex spins briefly on contention
-    // instead of putting the thread to sleep and paying a futex wake-up per launch.
+  StreamQueue() { init_mutex(); }
+  // The host (enqueue) and the worker (take, complete) hold `mu` for a few instructions each, many
+  // times per microsecond in a burst of small launches: an adaptive mutex spins briefly on contention
+  // instead of putting the thread to sleep and paying a futex wake-up per launch.
+  void init_mutex() {
     pthread_mutexattr_t attr;
     pthread_mutexattr_init(&attr);
     pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
@@ -128,6 +129,27 @@ DeviceQueues& queues_of(int device) {
     g_queues[device] = nd;
   }
   return *g_queues[device];
+}
+
+// A child forked while a worker held a queue's mutex inherits it locked, by a thread the child does not have:
+// anything that took it there (a stream query, an event record, an allocator's check of a stream's progress
+// when an inherited tensor is freed) blocked forever. The child has one thread, so every queue lock is made
+// anew (called by the allocator's fork handler in the child). The queues themselves stay as they were: no
+// worker drains them, and every use of the device there raises the bad-fork error.
+void reset_queue_locks_after_fork() {
+  new (&g_queues_mu) std::mutex();
+  for (DeviceQueues* d : g_queues) {
+    if (d == nullptr) continue;
+    new (&d->mu) std::mutex();
+    for (StreamQueue* s : d->streams) {
+      s->init_mutex();
+      new (&s->cv_work) std::condition_variable();
+      new (&s->cv_done) std::condition_variable();
+      s->waiters.store(0);
+      s->wake_at.store(UINT64_MAX);
+      s->worker_started = false;
+    }
+  }
 }
 
 StreamQueue& stream_of(int device, int stream) {
@@ -690,6 +712,7 @@ void set_current_stream(int device, int stream) {
 void check_stream(int device, int stream) { (void)stream_of(device, stream); }
 
 int new_stream(int device, int priority) {
+  check_not_in_bad_fork();
   DeviceQueues& d = queues_of(device);
   std::lock_guard<std::mutex> lock(d.mu);
   TORCH_CHECK(static_cast<int>(d.streams.size()) < kMaxStreamsPerDevice, "neuron:", device, " has ",
@@ -704,6 +727,7 @@ int new_stream(int device, int priority) {
 }
 
 int pool_stream(int device, bool high_priority) {
+  check_not_in_bad_fork();
   constexpr int kPoolSize = 32;  // per priority, as CUDA's (each stream's worker thread starts at its first launch)
   DeviceQueues& d = queues_of(device);
   const int p = high_priority ? 1 : 0;
@@ -805,6 +829,7 @@ uint64_t stream_completed(int device, int stream) {
   return s.completed;
 }
 bool stream_idle(int device, int stream) {
+  check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   StreamQueue& s = stream_of(device, stream);
   std::lock_guard<std::mutex> lock(s.mu);
   return s.completed == s.enqueued;
@@ -841,6 +866,7 @@ void raise_async_error(int device) {
 }
 
 void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always) {
+  check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   StreamQueue& s = stream_of(device, stream);
   const int64_t t0 = now_ns();
   bool unobserved;
@@ -865,6 +891,7 @@ void wait_position_quiet(int device, int stream, uint64_t pos) {
 }
 
 void synchronize_stream(int device, int stream, const char* what, bool record_always) {
+  check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   StreamQueue& s = stream_of(device, stream);
   uint64_t pos;
   {
@@ -875,6 +902,7 @@ void synchronize_stream(int device, int stream, const char* what, bool record_al
 }
 
 void synchronize_device(int device, const char* what) {
+  check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   DeviceQueues& d = queues_of(device);
   std::vector<StreamQueue*> streams;
   {
@@ -968,6 +996,7 @@ double event_elapsed_ms(const NeuronEvent* a, const NeuronEvent* b) {
 }
 
 void record_event(NeuronEvent* ev, int device, int stream) {
+  check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   StreamQueue& s = stream_of(device, stream);  // checks the stream before the event changes
   Work w;
   w.device = device;
@@ -995,6 +1024,7 @@ void record_event(NeuronEvent* ev, int device, int stream) {
 }
 
 bool event_done(const NeuronEvent* ev) {
+  check_not_in_bad_fork();
   if (ev == nullptr || ev->pos == 0) return true;
   StreamQueue& s = stream_of(ev->device, ev->stream);
   std::lock_guard<std::mutex> lock(s.mu);
@@ -1031,6 +1061,7 @@ void enqueue_stream_wait(int device, int stream, int other_device, int other_str
 }
 
 void stream_wait_event(int device, int stream, const NeuronEvent* ev) {
+  check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   if (ev == nullptr || ev->pos == 0) return;  // never recorded: nothing to wait for (as CUDA)
   if (ev->device == device && ev->stream == stream) return;  // stream order already guarantees it
   enqueue_stream_wait(device, stream, ev->device, ev->stream, ev->pos);
