@@ -517,7 +517,7 @@ def test_activity_is_the_union_of_lanes_and_adds_up_to_the_span(events: list[Ker
     # idle time can be set beside the span
     per_lane = sum(g["gap_ns"] for g in idle_gaps(events))
     assert per_lane == 7600 > got["span_ns"] > got["idle_ns"]
-    assert activity([]) == {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gaps": []}
+    assert activity([]) == {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "unrecorded_ns": 0, "gaps": []}
 
 
 def test_summarize_is_json_serialisable(trace: Trace) -> None:
@@ -832,3 +832,68 @@ def test_validate_chrome_trace_flows() -> None:
     assert chrome_trace_problems([{**base, "ph": "s", "id": 1, "bp": "x"}]) == [
         "traceEvents[0]: flow binding point 'bp' must be 'e', got 'x'"]
     assert chrome_trace_problems([{**base, "ph": "s", "id": 1}, {**base, "ph": "f", "id": 1, "bp": "e"}]) == []
+
+
+def _queued_around_a_dropped_stretch() -> tuple[Trace, tuple[int, int]]:
+    """5 launches of 10 ns queue 5 kernels of 100 ns; the recorder then dropped events for 1 ms; 5 more
+    the same way. What was recorded is device-bound (the queue held work ~98% of it)."""
+    c = A._Cols()
+    for part, t in enumerate((0, 1_000_600)):
+        for i in range(5):
+            c.kernel("aten::mm", t + 10 + 100 * i, t + 110 + 100 * i, launch=(t + 10 * i, t + 10 * i + 10),
+                     source=f"cell [2], line {part + 2}")
+    window = (A.BASE + 600, A.BASE + 1_000_600)
+    return Trace.from_columns(c.columns(), dropped=12_345, metadata={"dropped_window_ns": list(window)}), window
+
+
+def test_a_dropped_stretch_is_neither_idle_nor_in_the_verdict() -> None:
+    # a bounded recording (keep_first + ring) drops the events between its two ends; the summaries counted that
+    # stretch as idle (98% "idle", host-bound, while ~19,000 kernels ran there) and the axis labelled it "idle"
+    from torchneuron_lab.widgets import figures as F
+
+    trace, window = _queued_around_a_dropped_stretch()
+    s = summarize(trace)
+    act, bound = s["activity"], s["bound"]
+    assert act["span_ns"] == 1_001_100 and act["busy_ns"] == 1000  # first kernel start to last end
+    assert act["unrecorded_ns"] == 1_000_000  # the window, all inside the span
+    assert act["busy_ns"] + act["idle_ns"] + act["unrecorded_ns"] == act["span_ns"]
+    assert act["idle_ns"] == 100 and sum(g["gap_ns"] for g in act["gaps"]) == 100  # 510..600, 1_000_600..610
+    assert all(g["end_ns"] <= window[0] or g["start_ns"] >= window[1] for g in act["gaps"])
+    assert bound["class"] == "device-bound", bound["headline"]
+    assert bound["span_ns"] == 1_001_110  # the verdict's span starts at the first launch
+    assert bound["unrecorded_ns"] == 1_000_000 and bound["device_idle_ns"] == 110
+    assert "1.11 µs recorded (1.00 ms of the 1.00 ms span is not: the recorder dropped events there)" in \
+        bound["headline"], bound["headline"]
+    # the same events without the window: the old verdict (the stretch as idle)
+    plain = summarize(Trace(list(trace.events)))
+    assert plain["bound"]["class"] == "host-bound" and plain["activity"]["unrecorded_ns"] == 0
+    # the timeline: its summary and verdict agree, and the collapsed stretch says what it is
+    ts = F.timeline_summary(trace)
+    assert ts["unrecorded_ns"] == 1_000_000 and ts["busy_ns"] + ts["idle_ns"] + ts["unrecorded_ns"] == ts["span_ns"]
+    assert ts["bound"]["class"] == "device-bound"
+    labels = [a.text for a in F.timeline_figure(trace).layout.annotations]
+    assert labels == ["not recorded 1.00 ms (events dropped)"], labels
+
+
+def test_a_bounded_recording_summarised_from_its_columns_agrees_with_its_events() -> None:
+    import torch
+
+    from torchneuron_lab.device import recorder
+
+    x = torch.ones(4, device="neuron")
+    with recorder.record(capacity=300, keep_first=50) as box:
+        for _ in range(3000):
+            x.add_(1)
+        torch.neuron.synchronize()
+    tr = box[0]
+    assert tr.dropped > 0 and tr.columns is not None
+    window = tuple(tr.metadata["dropped_window_ns"])
+    fast = summarize(tr)  # from the recorder's columns
+    slow = summarize(Trace(list(tr.events), dropped=tr.dropped, metadata=tr.metadata))
+    assert fast["activity"] == slow["activity"] and fast["bound"] == slow["bound"]
+    act = fast["activity"]
+    lo = min(e.start_ns for e in tr.events)
+    hi = max(e.end_ns for e in tr.events)
+    assert act["unrecorded_ns"] == min(window[1], hi) - max(window[0], lo) > 0
+    assert act["busy_ns"] + act["idle_ns"] + act["unrecorded_ns"] == act["span_ns"]
+    assert fast["bound"]["unrecorded_ns"] == act["unrecorded_ns"]

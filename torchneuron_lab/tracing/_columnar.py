@@ -73,11 +73,12 @@ def _lane_slices(cols: RecordedColumns, idx: np.ndarray, *extra_keys: np.ndarray
     return out
 
 
-def _activity(start: np.ndarray, end: np.ndarray, busy: np.ndarray) -> dict[str, Any]:
+def _activity(start: np.ndarray, end: np.ndarray, busy: np.ndarray,
+              unrecorded: tuple[int, int] | None = None) -> dict[str, Any]:
     if len(start) == 0:
-        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gaps": []}
+        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "unrecorded_ns": 0, "gaps": []}
     lo, hi = int(start.min()), int(end.max())
-    ms, me = _merged(start[busy], end[busy])
+    ms, me = _merged(*S.clip_out(start[busy], end[busy], unrecorded))
     gaps: list[dict[str, int]] = []
     bounds = [(lo, *ms[:1].tolist())] if len(ms) and int(ms[0]) > lo else []
     gaps = [{"start_ns": a, "end_ns": b, "gap_ns": b - a} for a, b in bounds]
@@ -86,7 +87,9 @@ def _activity(start: np.ndarray, end: np.ndarray, busy: np.ndarray) -> dict[str,
     if hi > cursor:
         gaps.append({"start_ns": cursor, "end_ns": hi, "gap_ns": hi - cursor})
     busy_ns = int((me - ms).sum())
-    return {"span_ns": hi - lo, "busy_ns": busy_ns, "idle_ns": hi - lo - busy_ns, "gaps": gaps}
+    unrec = S.unrecorded_ns(unrecorded, lo, hi)
+    return {"span_ns": hi - lo, "busy_ns": busy_ns, "idle_ns": hi - lo - busy_ns - unrec, "unrecorded_ns": unrec,
+            "gaps": S.cut_window(gaps, unrecorded)}
 
 
 def _time_by_engine(cols: RecordedColumns, busy_idx: np.ndarray) -> dict[str, dict[str, Any]]:
@@ -219,7 +222,8 @@ def _lanes(cols: RecordedColumns, busy_idx: np.ndarray) -> tuple[list[dict[str, 
     return util, gaps
 
 
-def _classify(cols: RecordedColumns, sync_events: list[KernelEvent]) -> dict[str, Any]:
+def _classify(cols: RecordedColumns, sync_events: list[KernelEvent],
+              unrecorded: tuple[int, int] | None = None) -> dict[str, Any]:
     a = cols.arrays
     start, end = a["start_ns"], a["end_ns"]
     work = _mask_of(cols, S._DEVICE_KINDS) & (a["device"] >= 0)
@@ -229,33 +233,37 @@ def _classify(cols: RecordedColumns, sync_events: list[KernelEvent]) -> dict[str
     ls, le = h_start[known].astype(np.int64), h_end[known].astype(np.int64)
     lo = min(int(start.min()) if cols.n else 0, int(ls.min()) if len(ls) else 2**62)
     hi = int(end.max()) if cols.n else 0
-    bs, be = _merged(ws, we)
+    w = unrecorded  # every interval is clipped out of a dropped stretch: nothing is known there
+    bs, be = _merged(*S.clip_out(ws, we, w))
     busy_ns = int((be - bs).sum())
     enq = np.minimum(np.where(known, h_end, ws), ws)
+    ls, le = S.clip_out(ls, le, w)
     launch_ns = _union_ns(ls, le)
     both = _union_ns(np.concatenate([ls, bs]), np.concatenate([le, be]))
-    wait_union = _union_ns(np.asarray([x.start_ns for x in sync_events], dtype=np.int64),
-                           np.asarray([x.end_ns for x in sync_events], dtype=np.int64))
+    wait_union = _union_ns(*S.clip_out(np.asarray([x.start_ns for x in sync_events], dtype=np.int64),
+                                       np.asarray([x.end_ns for x in sync_events], dtype=np.int64), w))
     return S._classification(
         span=hi - lo if cols.n else 0, has_work=bool(work.any()), busy_ns=busy_ns,
-        queue_ns=_union_ns(enq, we), launch_ns=launch_ns,
+        unrecorded_ns=S.unrecorded_ns(w, lo, hi) if cols.n else 0,
+        queue_ns=_union_ns(*S.clip_out(enq, we, w)), launch_ns=launch_ns,
         idle_launching=launch_ns - (launch_ns + busy_ns - both),
         wait_union=wait_union, waits=S.host_waits(sync_events, top=3), launches_known=bool(len(ls)),
     )
 
 
-def summarize_columns(cols: RecordedColumns, *, k: int | None = 10) -> dict[str, Any]:
+def summarize_columns(cols: RecordedColumns, *, k: int | None = 10,
+                      unrecorded: tuple[int, int] | None = None) -> dict[str, Any]:
     """:func:`torchneuron_lab.tracing.summarize` of the events of ``cols``, computed on the columns."""
     gc_was = gc.isenabled()
     gc.disable()  # one gap row per kernel, none cyclic: collecting while building them is wasted work
     try:
-        return _summarize_columns(cols, k)
+        return _summarize_columns(cols, k, unrecorded)
     finally:
         if gc_was:
             gc.enable()
 
 
-def _summarize_columns(cols: RecordedColumns, k: int | None) -> dict[str, Any]:
+def _summarize_columns(cols: RecordedColumns, k: int | None, unrecorded: tuple[int, int] | None) -> dict[str, Any]:
     a = cols.arrays
     start, end = a["start_ns"], a["end_ns"]
     bad = np.flatnonzero(end < start)
@@ -266,11 +274,11 @@ def _summarize_columns(cols: RecordedColumns, k: int | None) -> dict[str, Any]:
     syncs = _subset(cols, np.flatnonzero(_mask_of(cols, ("sync",))))
     new_sig = _subset(cols, np.flatnonzero(a["new_signature"] != 0))
     util, gaps = _lanes(cols, busy_idx)
-    bound = _classify(cols, syncs)
+    bound = _classify(cols, syncs, unrecorded)
     return {
         "num_events": cols.n,
         "span_ns": bound["span_ns"],
-        "activity": _activity(start, end, busy),
+        "activity": _activity(start, end, busy, unrecorded),
         "time_by_engine": _time_by_engine(cols, busy_idx),
         "top_kernels": _top_kernels(cols, k),
         "sync_events": S.sync_events(syncs),

@@ -303,8 +303,65 @@ def idle_gaps(
     return rows
 
 
+def unrecorded_window(events: Any) -> tuple[int, int] | None:
+    """``(start, end)`` of the stretch a bounded recording dropped events from (``trace.metadata
+    ["dropped_window_ns"]`` of a :class:`Trace` that dropped events), else None. Nothing was recorded there,
+    so no summary may count that time as idle."""
+    if not int(getattr(events, "dropped", 0) or 0):
+        return None
+    window = (getattr(events, "metadata", None) or {}).get("dropped_window_ns")
+    if not window or int(window[1]) <= int(window[0]):
+        return None
+    return int(window[0]), int(window[1])
+
+
+def unrecorded_ns(window: tuple[int, int] | None, lo: int, hi: int) -> int:
+    """Time of ``window`` inside the span ``[lo, hi]``: neither busy nor idle (intervals are clipped out of
+    it first, :func:`clip_out`; a kept event that overlaps it counts only outside it)."""
+    if window is None:
+        return 0
+    return max(0, min(window[1], hi) - max(window[0], lo))
+
+
+def clip_out(start: Any, end: Any, window: tuple[int, int] | None) -> tuple[Any, Any]:
+    """Intervals ``[start, end)`` (int64 arrays) less the part inside ``window``: an interval across it
+    becomes two. Unchanged without a window."""
+    if window is None:
+        return start, end
+    import numpy as np
+
+    s, e = np.asarray(start, dtype=np.int64), np.asarray(end, dtype=np.int64)
+    left_e, right_s = np.minimum(e, window[0]), np.maximum(s, window[1])
+    left, right = left_e > s, e > right_s
+    return np.concatenate([s[left], right_s[right]]), np.concatenate([left_e[left], e[right]])
+
+
+def _clip_pairs(pairs: list[tuple[int, int]], window: tuple[int, int] | None) -> list[tuple[int, int]]:
+    if window is None or not pairs:
+        return pairs
+    s, e = clip_out([a for a, _ in pairs], [b for _, b in pairs], window)
+    return list(zip(s.tolist(), e.tolist()))
+
+
+def cut_window(gaps: list[dict[str, int]], window: tuple[int, int] | None) -> list[dict[str, int]]:
+    """Idle stretches (``{"start_ns", "end_ns", "gap_ns"}``) less the part inside ``window``."""
+    if window is None:
+        return gaps
+    w0, w1 = window
+    out = []
+    for g in gaps:
+        if g["end_ns"] <= w0 or g["start_ns"] >= w1:
+            out.append(g)
+            continue
+        for a, b in ((g["start_ns"], min(g["end_ns"], w0)), (max(g["start_ns"], w1), g["end_ns"])):
+            if b > a:
+                out.append({"start_ns": a, "end_ns": b, "gap_ns": b - a})
+    return out
+
+
 def activity(
-    events: Iterable[KernelEvent], *, kinds: Iterable[str] | None = BUSY_KINDS
+    events: Iterable[KernelEvent], *, kinds: Iterable[str] | None = BUSY_KINDS,
+    unrecorded: tuple[int, int] | None = None,
 ) -> dict[str, Any]:
     """Busy and idle time of the trace as a whole: the UNION of all lanes.
 
@@ -315,15 +372,21 @@ def activity(
     ``gaps`` lists those idle stretches as ``{"start_ns", "end_ns", "gap_ns"}`` in time order (leading
     and trailing ones inside the span included), so ``sum(g["gap_ns"]) == idle_ns``.
 
+    A recording that dropped events (``unrecorded``: :func:`unrecorded_window`, found on a :class:`Trace`
+    by itself) knows nothing of that stretch: its time outside the busy intervals is ``unrecorded_ns``, not
+    idle, and no gap covers it; then ``busy_ns + idle_ns + unrecorded_ns == span_ns``.
+
     Args:
         kinds: kinds that make a lane busy (default :data:`BUSY_KINDS`); None for all.
     """
+    if unrecorded is None:
+        unrecorded = unrecorded_window(events)
     evs = list(events)
     if not evs:
-        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "gaps": []}
+        return {"span_ns": 0, "busy_ns": 0, "idle_ns": 0, "unrecorded_ns": 0, "gaps": []}
     lo = min(e.start_ns for e in evs)
     hi = max(e.end_ns for e in evs)
-    merged = _merge([(e.start_ns, e.end_ns) for e in _select(evs, kinds)])
+    merged = _merge(_clip_pairs([(e.start_ns, e.end_ns) for e in _select(evs, kinds)], unrecorded))
     gaps: list[dict[str, int]] = []
     cursor = lo
     for s, e in merged:
@@ -333,7 +396,9 @@ def activity(
     if hi > cursor:
         gaps.append({"start_ns": cursor, "end_ns": hi, "gap_ns": hi - cursor})
     busy = sum(b - a for a, b in merged)
-    return {"span_ns": hi - lo, "busy_ns": busy, "idle_ns": hi - lo - busy, "gaps": gaps}
+    unrec = unrecorded_ns(unrecorded, lo, hi)
+    return {"span_ns": hi - lo, "busy_ns": busy, "idle_ns": hi - lo - busy - unrec, "unrecorded_ns": unrec,
+            "gaps": cut_window(gaps, unrecorded)}
 
 
 def lane_utilization(
@@ -460,7 +525,8 @@ def queue_depth(events: Iterable[KernelEvent], device: int | None = None) -> dic
     return out
 
 
-def classify_region(events: Iterable[KernelEvent], *, top: int = 3) -> dict[str, Any]:
+def classify_region(events: Iterable[KernelEvent], *, top: int = 3,
+                    unrecorded: tuple[int, int] | None = None) -> dict[str, Any]:
     """Is the profiled region host-bound, device-bound or sync-bound? A pure function of the events.
 
     The region's span runs from the first host launch or event start to the last event end. Decided in
@@ -479,37 +545,46 @@ def classify_region(events: Iterable[KernelEvent], *, top: int = 3) -> dict[str,
     "launch_ns" (union of host launch spans), "idle_while_launching_ns" (device idle during them),
     "idle_while_launching_fraction", "queue_busy_ns", "queue_busy_fraction", "sync_count",
     "sync_wait_ns" (sum), "sync_wait_fraction" (union over the span), "top_sync_lines"
-    (:func:`host_waits`' rows), "launches_known"}``. Fractions are of ``span_ns`` (0.0 for an empty span).
+    (:func:`host_waits`' rows), "launches_known", "unrecorded_ns"}``. Fractions are of the recorded span,
+    ``span_ns - unrecorded_ns`` (0.0 for an empty span): a recording that dropped events knows nothing of
+    that stretch (``unrecorded``, see :func:`activity`), so it is in no fraction and no verdict.
     """
+    if unrecorded is None:
+        unrecorded = unrecorded_window(events)
     evs = list(events)
     work = [e for e in _select(evs, _DEVICE_KINDS) if e.device >= 0]
     syncs = _select(evs, ("sync",))
     launches = [(e.host_start_ns, e.host_end_ns) for e in work if e.host_end_ns > 0]
     lo = min([e.start_ns for e in evs] + [a for a, _ in launches], default=0)
     hi = max((e.end_ns for e in evs), default=0)
-    busy = _merge([(e.start_ns, e.end_ns) for e in work])
-    launch_m = _merge(launches)
+    w = unrecorded  # every interval is clipped out of a dropped stretch: nothing is known there
+    busy = _merge(_clip_pairs([(e.start_ns, e.end_ns) for e in work], w))
+    launch_m = _merge(_clip_pairs(launches, w))
     launch_ns = sum(b - a for a, b in launch_m)
     return _classification(
         span=hi - lo, has_work=bool(work), busy_ns=sum(b - a for a, b in busy),
-        queue_ns=_union_ns([(min(_enqueue_ns(e), e.start_ns), e.end_ns) for e in work]),
+        unrecorded_ns=unrecorded_ns(w, lo, hi),
+        queue_ns=_union_ns(_clip_pairs([(min(_enqueue_ns(e), e.start_ns), e.end_ns) for e in work], w)),
         launch_ns=launch_ns, idle_launching=launch_ns - _intersect_ns(launch_m, busy),
-        wait_union=_union_ns([(e.start_ns, e.end_ns) for e in syncs]),
+        wait_union=_union_ns(_clip_pairs([(e.start_ns, e.end_ns) for e in syncs], w)),
         waits=host_waits(syncs, top=top), launches_known=bool(launches),
     )
 
 
 def _classification(*, span: int, has_work: bool, busy_ns: int, queue_ns: int, launch_ns: int,
                     idle_launching: int, wait_union: int, waits: dict[str, Any],
-                    launches_known: bool) -> dict[str, Any]:
+                    launches_known: bool, unrecorded_ns: int = 0) -> dict[str, Any]:
     """The decision of :func:`classify_region` from the measured times (one rule for every input path)."""
+    wall = span
+    span = max(wall - unrecorded_ns, 0)  # the recorded part: what the fractions and the verdict are of
 
     def frac(x: int) -> float:
         return x / span if span > 0 else 0.0
 
     idle_ns = span - busy_ns if has_work else span
     out: dict[str, Any] = {
-        "span_ns": span,
+        "span_ns": wall,
+        "unrecorded_ns": unrecorded_ns,
         "device_busy_ns": busy_ns,
         "device_idle_ns": idle_ns,
         "device_idle_fraction": frac(idle_ns),
@@ -524,6 +599,10 @@ def _classification(*, span: int, has_work: bool, busy_ns: int, queue_ns: int, l
         "top_sync_lines": waits["by_location"],
         "launches_known": launches_known,
     }
+    of_span = f"{_fmt_ns(span)} span"
+    if unrecorded_ns:
+        of_span = (f"{_fmt_ns(span)} recorded ({_fmt_ns(unrecorded_ns)} of the {_fmt_ns(wall)} span is not: "
+                   "the recorder dropped events there)")
     top_line = ""
     if waits["by_location"]:
         first = waits["by_location"][0]
@@ -533,22 +612,22 @@ def _classification(*, span: int, has_work: bool, busy_ns: int, queue_ns: int, l
     elif span > 0 and queue_ns >= DEVICE_BOUND_FRACTION * span:
         cls = "device-bound"
         head = (f"device-bound: the device queue held work {out['queue_busy_fraction']:.0%} of the "
-                f"{_fmt_ns(span)} span (device busy {frac(busy_ns):.0%})")
+                f"{of_span} (device busy {frac(busy_ns):.0%})")
     elif span > 0 and wait_union >= SYNC_BOUND_FRACTION * span:
         cls = "sync-bound"
         head = (f"sync-bound: the host waited {_fmt_ns(waits['wait_ns'])} at {waits['count']} "
                 f"sync{'s' if waits['count'] != 1 else ''} ({out['sync_wait_fraction']:.0%} of the "
-                f"{_fmt_ns(span)} span){top_line}")
+                f"{of_span}){top_line}")
     else:
         cls = "host-bound"
         if launches_known:
             # overall idle first; then how much of the span was launch overhead vs the host's other code
             head = (f"host-bound: the device was idle {out['device_idle_fraction']:.0%} of the "
-                    f"{_fmt_ns(span)} span ({out['idle_while_launching_fraction']:.0%} of the span while the "
+                    f"{of_span} ({out['idle_while_launching_fraction']:.0%} of the span while the "
                     f"host was launching kernels, the rest while it ran other code)")
         else:
             head = (f"host-bound: the device was idle {out['device_idle_fraction']:.0%} of the "
-                    f"{_fmt_ns(span)} span (launch times not recorded: synchronous trace)")
+                    f"{of_span} (launch times not recorded: synchronous trace)")
     out["class"] = cls
     out["headline"] = head
     return out
@@ -575,17 +654,18 @@ def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str,
     A :class:`~torchneuron_lab.tracing.Trace` read from the recorder (``trace.columns`` set) is
     summarised from its numpy columns without building its event objects; the result is the same.
     """
+    window = unrecorded_window(events)
     cols = getattr(events, "columns", None)
     if isinstance(cols, RecordedColumns):
         from torchneuron_lab.tracing._columnar import summarize_columns
 
-        return summarize_columns(cols, k=k)
+        return summarize_columns(cols, k=k, unrecorded=window)
     evs = list(events)
-    bound = classify_region(evs)
+    bound = classify_region(evs, unrecorded=window)
     return {
         "num_events": len(evs),
         "span_ns": bound["span_ns"],
-        "activity": activity(evs),
+        "activity": activity(evs, unrecorded=window),
         "time_by_engine": time_by_engine(evs),
         "top_kernels": top_kernels(evs, k),
         "sync_events": sync_events(evs),

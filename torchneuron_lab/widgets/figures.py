@@ -174,6 +174,8 @@ class EventColumns:
     #: index of the host lane in :attr:`lanes` (-1: none)
     host_lane: int = -1
     device: np.ndarray | None = None
+    #: (start, end) of the stretch a bounded recording dropped events from: not idle, not recorded
+    unrecorded: tuple[int, int] | None = None
     #: derived columns computed once per trace (queue depth, launch columns): zooms reuse them
     cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -207,8 +209,10 @@ class EventColumns:
         t0 = int(start.min()) if n else 0
         if launched.any():
             t0 = min(t0, int(h_start[launched].min()))
+        from torchneuron_lab.tracing.summary import unrecorded_window
+
         return cls(evs, lanes, start, end, lane, kind, kinds_seen, t0, h_start, h_end, pos.get(HOST_LANE, -1),
-                   device)
+                   device, unrecorded_window(events))
 
     @property
     def launched(self) -> np.ndarray:
@@ -421,6 +425,12 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
         inner = inner[inner > 0]
         busy_union = int(run[-1] - us[0]) - int(inner.sum())
         union_gaps = len(inner) + int(us[0] > lo) + int(hi > run[-1])
+        if cols.unrecorded is not None:  # busy time inside a dropped stretch is not known: clipped out
+            from torchneuron_lab.tracing._columnar import _merged
+            from torchneuron_lab.tracing.summary import clip_out
+
+            ms, me = _merged(*clip_out(us, ue, cols.unrecorded))
+            busy_union = int((me - ms).sum())
         order = np.lexsort((cols.end[idx], cols.start[idx], cols.lane[idx]))
         idx = idx[order]
         lane, start, end = cols.lane[idx], cols.start[idx], cols.end[idx]
@@ -444,8 +454,11 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
     order_e = sorted(engines, key=_engine_key)
     out["engines"] = {k: engines[k] for k in order_e}
     out["lanes"] = lanes
+    from torchneuron_lab.tracing.summary import unrecorded_ns
+
     out["busy_ns"] = busy_union
-    out["idle_ns"] = out["span_ns"] - busy_union
+    out["unrecorded_ns"] = unrecorded_ns(cols.unrecorded, lo, hi) if n else 0
+    out["idle_ns"] = out["span_ns"] - busy_union - out["unrecorded_ns"]
     out["idle_gaps"] = union_gaps
     # what bounds the region needs the host side: only an asynchronous trace (launch spans) has it
     out["bound"] = bound_of(cols) if cols.is_async else None
@@ -465,8 +478,9 @@ def bound_of(cols: EventColumns) -> dict[str, Any]:
     launched = cols.launched[work]
     h_start = cols.host_start[work] if cols.host_start is not None else ws
     h_end = cols.host_end[work] if cols.host_end is not None else ws
-    ls, le = h_start[launched], h_end[launched]
-    bs, be = _merged(ws, we)
+    w = cols.unrecorded  # every interval is clipped out of a dropped stretch: nothing is known there
+    ls, le = S.clip_out(h_start[launched], h_end[launched], w)
+    bs, be = _merged(*S.clip_out(ws, we, w))
     busy_ns = int((be - bs).sum())
     launch_ns = _union_ns(ls, le)
     both = _union_ns(np.concatenate([ls, bs]), np.concatenate([le, be]))
@@ -474,10 +488,11 @@ def bound_of(cols: EventColumns) -> dict[str, Any]:
     lo, hi = cols.extent()
     return S._classification(
         span=hi - lo, has_work=bool(work.any()), busy_ns=busy_ns,
-        queue_ns=_union_ns(np.minimum(np.where(launched, h_end, ws), ws), we), launch_ns=launch_ns,
+        unrecorded_ns=S.unrecorded_ns(w, lo, hi) if n else 0,
+        queue_ns=_union_ns(*S.clip_out(np.minimum(np.where(launched, h_end, ws), ws), we, w)), launch_ns=launch_ns,
         idle_launching=launch_ns - (launch_ns + busy_ns - both),
-        wait_union=_union_ns(np.asarray([e.start_ns for e in syncs], dtype=np.int64),
-                             np.asarray([e.end_ns for e in syncs], dtype=np.int64)),
+        wait_union=_union_ns(*S.clip_out(np.asarray([e.start_ns for e in syncs], dtype=np.int64),
+                                         np.asarray([e.end_ns for e in syncs], dtype=np.int64), w)),
         waits=S.host_waits(syncs, top=3), launches_known=bool(len(ls)),
     )
 
@@ -516,7 +531,9 @@ def summary_text(summary: Mapping[str, Any]) -> str:
         (
             f"{summary['num_events']:,} events over {_fmt_ns(summary['span_ns'])} "
             f"(some lane busy {_fmt_ns(summary['busy_ns'])}, every lane idle {_fmt_ns(summary['idle_ns'])} "
-            f"in {summary['idle_gaps']} stretches); "
+            f"in {summary['idle_gaps']} stretches"
+            + (f", {_fmt_ns(summary['unrecorded_ns'])} not recorded" if summary.get("unrecorded_ns") else "")
+            + "); "
             f"{summary['syncs']} host syncs (waited {_fmt_ns(summary['sync_wait_ns'])}), "
             f"{summary['compiles']} compiles, {summary['ooms']} OOMs"
         ),
@@ -1052,11 +1069,15 @@ def timeline_figure(
     fig = go.Figure(traces)
     for x in oom_x[:50]:
         fig.add_vline(x=x, line={"color": "#d62728", "dash": "dot", "width": 1})
+    dropped_at = cols.unrecorded
     for bs, be in ax.breaks:
         x0, x1 = ax.x([bs, be]).tolist()
         fig.add_vrect(x0=x0, x1=x1, fillcolor="rgba(110,110,110,0.13)", line={"width": 1, "dash": "dot",
                       "color": "#888"}, layer="below")
-        fig.add_annotation(x=(x0 + x1) / 2, y=0.5, xref="x", yref="paper", text=f"idle {_fmt_ns(be - bs)}",
+        # a stretch mostly inside what a bounded recording dropped: nothing is known of it, it is not idle
+        dropped = dropped_at is not None and 2 * (min(be, dropped_at[1]) - max(bs, dropped_at[0])) > be - bs
+        label = f"not recorded {_fmt_ns(be - bs)} (events dropped)" if dropped else f"idle {_fmt_ns(be - bs)}"
+        fig.add_annotation(x=(x0 + x1) / 2, y=0.5, xref="x", yref="paper", text=label,
                            textangle=-90, showarrow=False, font={"size": 11, "color": "#555"},
                            bgcolor="rgba(255,255,255,0.7)")
     queue_px = 120 if queue_devices else 0

@@ -401,6 +401,9 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             brk = (f" · {len(self.axis.breaks)} idle stretch{'es' if len(self.axis.breaks) > 1 else ''} "
                    f"({F._fmt_ns(total)}) compressed on the axis (shaded)")
         drop = f" · <span style='color:#d62728'>{self.dropped} dropped</span>" if self.dropped else ""
+        if s.get("unrecorded_ns"):
+            drop = (f" · <span style='color:#d62728'>{F._fmt_ns(s['unrecorded_ns'])} not recorded "
+                    f"({self.dropped} events dropped)</span>")
         bound = s.get("bound") or {}
         verdict = ""
         if bound.get("launches_known"):  # asynchronous trace: say what bounds the region
