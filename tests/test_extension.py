@@ -774,6 +774,8 @@ def test_text_reports_keep_a_name_with_control_characters_on_one_line() -> None:
 
     def launch() -> None:
         (torch.ones(7, 3, device="neuron") * 3).sum().item()
+        torch.neuron._sleep(5_000_000)  # 5 ms on the device, then a wait at this line: the verdict names it
+        torch.neuron.synchronize()
 
     launch.__code__ = launch.__code__.replace(co_name="odd\nname\there", co_filename="/tmp/dir\twith tab.py")
     res, _, error = profile_cell(launch, record_shapes=True, memory_peak=False, top=10)

@@ -689,7 +689,7 @@ def test_snapshot_with_a_frame_whose_file_name_is_not_utf8() -> None:
     # a script whose file name has undecodable bytes (any Linux path may): PyTorch's symbolizer refuses the whole
     # batch of stacks (torch.cuda's _snapshot raises); here only that frame's stack is replaced, by one saying why
     g: dict = {}
-    exec(compile("import torch\ndef alloc():\n    return torch.empty(1024, device='neuron')\n",
+    exec(compile("import torch\ndef alloc():\n    return torch.empty(1024, device='neuron')\n",  # noqa: S102
                  "/tmp/bad\udcffname.py", "exec"), g)
 
     def alloc_here() -> torch.Tensor:

@@ -377,3 +377,81 @@ def test_set_past_the_storage_end_keeps_a_queued_write_to_that_storage() -> None
 
     assert run("neuron") == run("cpu") == ([1.0] * 4, [1.0] * 4, 40)
 
+
+
+def test_kaiser_window_on_neuron_every_overload_and_under_the_default_device() -> None:
+    # composite kernels calling a DispatchStub neuron has none of: "DispatchStub: missing kernel for neuron"
+    calls = [lambda **k: torch.kaiser_window(7, **k), lambda **k: torch.kaiser_window(6, False, **k),
+             lambda **k: torch.kaiser_window(9, True, 5.0, dtype=torch.float64, **k)]
+    for call in calls:
+        got = call(device="neuron")
+        assert got.device.type == "neuron"
+        assert torch.equal(got.cpu(), call(device="cpu"))
+    out = torch.empty(0, device="neuron", dtype=torch.float64)
+    assert torch.ops.aten.kaiser_window.beta_out(5, False, 3.0, out=out) is out
+    assert torch.equal(out.cpu(), torch.kaiser_window(5, False, 3.0, dtype=torch.float64))
+    torch.set_default_device("neuron")
+    try:
+        w = torch.kaiser_window(5)
+    finally:
+        torch.set_default_device(None)
+    assert w.device.type == "neuron" and torch.equal(w.cpu(), torch.kaiser_window(5))
+    with pytest.raises(RuntimeError, match=r"kaiser_window expects floating point dtypes, got: TensorOptions\(dtype=long "
+                                           r"int, device=neuron"):
+        torch.kaiser_window(5, dtype=torch.int64, device="neuron")
+
+
+def test_bernoulli_takes_a_cpu_probability_tensor_of_any_shape_as_cuda_does() -> None:
+    # bernoulli_.Tensor has no device check; CUDA's kernel copies p to the device: neuron refused a 1-D CPU p
+    p = torch.linspace(0, 1, 64)
+    torch.manual_seed(5)
+    want = torch.zeros(64).bernoulli_(p)
+    torch.manual_seed(5)
+    got = torch.zeros(64, device="neuron").bernoulli_(p)
+    p.fill_(0.0)  # after the call, before the queued kernel may have run: the kernel has its own copy
+    assert torch.equal(got.cpu(), want) and 0 < int(want.sum()) < 64
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.zeros(4, device="neuron").add_(torch.ones(4))  # other ops still refuse a CPU tensor
+
+
+def test_shape_errors_of_ops_whose_meta_kernel_skips_them_raise_at_the_call_after_warm_up() -> None:
+    # a new shape of a structure confirmed 3 times is launched on its Meta plan; for these ops the Meta kernel
+    # accepts what CPU's refuses, so the error came at the next sync (the call returned uninitialised memory)
+    L = torch.long
+    cases = [
+        ("index_add_", lambda n, d: torch.zeros(n, 3, device=d).index_add_(0, torch.zeros(2, dtype=L, device=d),
+                                                                             torch.ones(2, 3 if n else 4, device=d))),
+        ("index_add", lambda n, d: torch.index_add(torch.zeros(n or 3, 3, device=d), 0, torch.zeros(2, dtype=L, device=d),
+                                                   torch.ones(2, 3 if n else 4, device=d))),
+        ("index_put_", lambda n, d: torch.zeros(n or 3, 3, device=d).index_put_(
+            (torch.zeros(2, dtype=L, device=d),), torch.ones(2 if n else 3, 3, device=d))),
+        ("multinomial", lambda n, d: torch.multinomial(torch.ones(n + 3 if n else 3, device=d), 4)),
+    ]
+    for name, call in cases:
+        for n in (2, 3, 4, 5):  # valid shapes: the structure becomes trusted
+            call(n, "neuron")
+        torch.neuron.synchronize()
+        with pytest.raises(RuntimeError) as cpu_error:
+            call(0, "cpu")
+        with pytest.raises(RuntimeError) as neuron_error:
+            call(0, "neuron")
+        assert str(cpu_error.value).splitlines()[0] in str(neuron_error.value), name
+        torch.neuron.synchronize()  # nothing left pending
+        assert (torch.ones(3, device="neuron") * 2).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_pending_asynchronous_error_is_raised_at_a_sync_not_by_an_unrelated_first_launch() -> None:
+    # a plan's first launch waits for the stream (the emulator's check, not a sync of the program): it raised a
+    # queued kernel's error from an unrelated op (x.sum(), torch.zeros), which lost its own result
+    w = torch.randn(5, 3, device="neuron")
+    for n in (2, 3, 4, 5):
+        torch.index_select(w, 0, torch.zeros(n, dtype=torch.long, device="neuron"))
+    torch.neuron.synchronize()
+    bad = torch.tensor([0, 9], device="neuron")
+    x = torch.ones(4 + 7 * 13, device="neuron")  # shapes no plan has seen yet
+    torch.index_select(w, 0, bad)  # fails in the kernel, on the device
+    s = x.sum()  # a first launch: waits for the stream, but is no sync point
+    z = torch.zeros(3, 5, 7, device="neuron")
+    with pytest.raises(IndexError, match="asynchronous error in aten::index_select launched at"):
+        torch.neuron.synchronize()
+    assert s.item() == 95.0 and z.abs().sum().item() == 0.0

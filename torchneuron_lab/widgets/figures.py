@@ -40,7 +40,6 @@ from torchneuron_lab.tracing.chrome_trace import write_atomically
 from torchneuron_lab.tracing.frames import is_internal
 
 __all__ = [
-    "save_html",
     "BREAK_FRACTION",
     "BREAK_MIN_NS",
     "FAMILIES",
@@ -65,6 +64,7 @@ __all__ = [
     "memory_timeline",
     "op_family",
     "queue_depth_steps",
+    "save_html",
     "segment_map_figure",
     "subgraph_rows",
     "subgraph_table_figure",

@@ -23,9 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import html
-import os
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import ipywidgets as W

@@ -91,6 +91,16 @@ struct OpMeta {
   // without `device_check: NoCheck`): a 0-dim CPU tensor is refused too (c10::impl::check_and_update_common_device).
   bool exact_device = false;
   int mask_arg = -1;  // masked_fill's mask: CUDA's kernel checks its device itself (any dim)
+  // bernoulli_'s `p`: CUDA's kernel copies it to the device itself, so a CPU tensor of any shape is taken
+  // (copied at the call: the user may change it before the queued kernel runs)
+  int copied_cpu_arg = -1;
+  // The op's Meta kernel accepts inputs its CPU kernel refuses (shape checks the CPU kernel makes at run time:
+  // index_put_'s value, multinomial's sample count): a new shape is never launched on a trusted structure's
+  // Meta plan, whose error would come at the next sync instead of the call.
+  bool meta_lenient = false;
+  // index_add / index_reduce: the same, but a mixture of experts launches index_add_ at a new shape every step,
+  // so the one check the Meta kernel skips (check_index_source) is made here instead.
+  bool index_source_check = false;
   // Arguments of schema type Scalar, Scalar? or Scalar[] (bit i: argument i): a plan is keyed by their
   // types, not their values (an optimizer's step size changes at every call; see LaunchPlan).
   uint64_t number_args = 0;
@@ -204,6 +214,8 @@ const std::unordered_set<std::string>& names_in(const char* which) {
         "unique_dim_consecutive", "repeat_interleave", "bincount", "equal", "_local_scalar_dense", "histc",
         "_assert_async", "histogram", "nanmedian"}},
       {"cpu_ok", {"index", "index_put_", "_index_put_impl_", "_unsafe_index", "_unsafe_index_put", "equal"}},
+      {"meta_lenient", {"index_put", "index_put_", "_index_put_impl_", "_unsafe_index_put", "multinomial"}},
+      {"index_source", {"index_add", "index_add_", "index_reduce", "index_reduce_"}},
   };
   return sets.at(which);
 }
@@ -258,6 +270,12 @@ OpMeta build_meta(const c10::OperatorHandle& op) {
   if (plain == "masked_fill" || plain == "masked_fill_")
     for (size_t i = 0; i < args.size(); ++i)
       if (args[i].name() == "mask") m.mask_arg = static_cast<int>(i);
+  if (plain == "bernoulli" || plain == "bernoulli_")
+    for (size_t i = 1; i < args.size(); ++i)
+      if (args[i].name() == "p" && args[i].type()->kind() == c10::TypeKind::TensorType)
+        m.copied_cpu_arg = static_cast<int>(i);
+  m.meta_lenient = names_in("meta_lenient").count(plain) > 0;
+  m.index_source_check = names_in("index_source").count(plain) > 0;
   m.write_args.assign(args.size(), false);
   for (size_t i = 0; i < args.size(); ++i) {
     const auto& t = args[i].type();
@@ -1314,6 +1332,21 @@ void add_kernel_context(c10::Error& e, const OpMeta& meta, int device, int strea
                 std::to_string(stream) + ", emulated NeuronCore, host kernels)");
 }
 
+// index_add / index_reduce (self, dim, index, source, ...): the check of source's shape that CPU's kernel makes
+// (with its message) and the Meta kernel torch registers does not.
+void check_index_source(const torch::jit::Stack& stack, size_t base) {
+  const at::Tensor& self = stack[base].toTensor();
+  const at::Tensor& source = stack[base + 3].toTensor();
+  std::vector<int64_t> a = self.sizes().vec(), b = source.sizes().vec();
+  if (source.dim() != 0 && self.dim() != 0) {
+    const int64_t dim = c10::maybe_wrap_dim(stack[base + 1].toInt(), self.dim());
+    if (dim < static_cast<int64_t>(a.size())) a.erase(a.begin() + dim);
+    if (dim < static_cast<int64_t>(b.size())) b.erase(b.begin() + dim);
+  }
+  TORCH_CHECK(a == b, "source tensor shape must match self tensor shape, excluding the specified dimension. Got "
+              "self.shape = ", self.sizes(), " source.shape = ", source.sizes());
+}
+
 bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit::Stack* stack, size_t base,
                   size_t nargs, CallState& cs, bool new_sig, bool rec, int64_t bytes_read,
                   const std::vector<at::Tensor>& in_for_flops, PendingPlan* pending) {
@@ -1357,12 +1390,13 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     }
     std::vector<int64_t> skey, svals;
     if (!plan_key(schema, meta, *stack, base, nargs, cs, skey, svals, /*abstract=*/true)) skey.clear();
-    if (skey.empty() || !structure_trusted(skey)) {
+    if (skey.empty() || meta.meta_lenient || !structure_trusted(skey)) {
       pending->plan = std::move(made);  // checked against the CPU kernel by this (host path) launch
       pending->key = key;
       pending->skey = std::move(skey);
       return false;
     }
+    if (meta.index_source_check) check_index_source(*stack, base);
     made->confirmed = true;  // a new shape of a structure the CPU kernel confirmed (StructureRecord)
     store_plan(key, made);
     plan = std::move(made);
@@ -1593,6 +1627,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       TORCH_CHECK(static_cast<int>(argi) != meta.mask_arg || meta.allow_cpu_tensors,
                   "expected self and mask to be on the same device, but got mask on cpu and self on neuron:",
                   cs.device < 0 ? current_device() : cs.device);
+      if (static_cast<int>(argi) == meta.copied_cpu_arg) return t.clone();
       const bool scalar_ok = t.dim() == 0 && !meta.write_args[argi] &&
                              (!meta.exact_device || schema.arguments()[argi].kwarg_only());
       if (!scalar_ok && !meta.allow_cpu_tensors && foreign_dev.empty()) {
@@ -1716,11 +1751,13 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       wait_position_quiet(cs.device, st, stream_enqueued(cs.device, st));
       // not an event (not a sync of the program), but time the host lost: the lab reports it apart
       g_plan_check_wait_ns.fetch_add(now_ns() - w0, std::memory_order_relaxed);
-      raise_async_error(cs.device);
+      // an error a queued kernel raised stays pending: this wait is the emulator's, not a sync of the program
     } else if (!meta.view_only) {
       count_path(kHostWait);
+      // only a sync op (a data-dependent shape, a value) is a synchronisation point that reports a queued
+      // kernel's error; the others wait because the emulator runs them on the host (CUDA does not sync there)
       synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(),
-                         /*record_always=*/meta.sync || !async_ok);
+                         /*record_always=*/meta.sync || !async_ok, /*raise_errors=*/meta.sync);
     }
   }
 
@@ -2808,7 +2845,47 @@ at::Tensor& conj_physical_inplace(at::Tensor& self) {
   return at::conj_physical_out(self, self);
 }
 
+// kaiser_window (every overload, out= too) has only composite kernels, which call the device's DispatchStub (none
+// for neuron: "DispatchStub: missing kernel for neuron", an internal assert, also under
+// torch.set_default_device("neuron")). The window is made by the CPU kernel and copied to the device, as a
+// factory's host data is (CUDA computes it there; the values are CPU's either way).
+at::Device window_device(std::optional<at::Device> device) {
+  return device.has_value() && device->has_index() ? *device : at::Device(kNeuron, current_device());
+}
+at::Tensor kaiser_beta(int64_t n, bool periodic, double beta, std::optional<at::ScalarType> dtype,
+                       std::optional<at::Layout> layout, std::optional<at::Device> device, std::optional<bool> pin) {
+  const auto options = at::TensorOptions().dtype(dtype).layout(layout).device(window_device(device))
+                           .pinned_memory(pin);  // the dtype check first, naming the device as on CUDA
+  TORCH_CHECK(at::isFloatingType(at::typeMetaToScalarType(options.dtype())),
+              "kaiser_window expects floating point dtypes, got: ", options);
+  return at::kaiser_window(n, periodic, beta, dtype, layout, at::kCPU, false).to(window_device(device));
+}
+at::Tensor kaiser_periodic(int64_t n, bool periodic, std::optional<at::ScalarType> dtype,
+                           std::optional<at::Layout> layout, std::optional<at::Device> device, std::optional<bool> pin) {
+  return kaiser_beta(n, periodic, 12.0, dtype, layout, device, pin);
+}
+at::Tensor kaiser_plain(int64_t n, std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                        std::optional<at::Device> device, std::optional<bool> pin) {
+  return kaiser_beta(n, true, 12.0, dtype, layout, device, pin);
+}
+at::Tensor& kaiser_beta_out(int64_t n, bool periodic, double beta, at::Tensor& out) {
+  const at::Tensor w = at::kaiser_window(n, periodic, beta, out.scalar_type(), std::nullopt, at::kCPU, false);
+  at::native::resize_output(out, w.sizes());
+  out.copy_(w);
+  return out;
+}
+at::Tensor& kaiser_periodic_out(int64_t n, bool periodic, at::Tensor& out) {
+  return kaiser_beta_out(n, periodic, 12.0, out);
+}
+at::Tensor& kaiser_plain_out(int64_t n, at::Tensor& out) { return kaiser_beta_out(n, true, 12.0, out); }
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("kaiser_window", kaiser_plain);
+  m.impl("kaiser_window.periodic", kaiser_periodic);
+  m.impl("kaiser_window.beta", kaiser_beta);
+  m.impl("kaiser_window.out", kaiser_plain_out);
+  m.impl("kaiser_window.periodic_out", kaiser_periodic_out);
+  m.impl("kaiser_window.beta_out", kaiser_beta_out);
   m.impl("conj_physical_", conj_physical_inplace);
   m.impl("empty.memory_format", empty_memory_format);
   m.impl("empty_strided", empty_strided);

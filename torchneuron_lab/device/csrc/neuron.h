@@ -266,8 +266,12 @@ bool stream_idle(int device, int stream);
 // device is raised afterwards (and cleared: the device stays usable).
 // `record_always` false (a host-path op, not a sync point): recorded only if kernels were launched on the
 // stream since the last recorded wait, whether or not the host actually blocked (deterministic counts).
-void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always = true);
-void synchronize_stream(int device, int stream, const char* what, bool record_always = true);
+// raise_errors=false: an error a queued kernel raised stays pending for the program's next synchronisation
+// point (a wait the emulator needs, not one CUDA has, must not raise it from an unrelated op)
+void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always = true,
+                   bool raise_errors = true);
+void synchronize_stream(int device, int stream, const char* what, bool record_always = true,
+                        bool raise_errors = true);
 void wait_position_quiet(int device, int stream, uint64_t pos);  // no record, no async error raised
 void synchronize_device(int device, const char* what);
 void synchronize_all(const char* what);

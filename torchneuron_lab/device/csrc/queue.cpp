@@ -865,7 +865,8 @@ void raise_async_error(int device) {
   }
 }
 
-void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always) {
+void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always,
+                   bool raise_errors) {
   check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   StreamQueue& s = stream_of(device, stream);
   const int64_t t0 = now_ns();
@@ -883,14 +884,14 @@ void wait_position(int device, int stream, uint64_t pos, const char* what, bool 
   // or not the worker happened to be done (so counts do not depend on timing); one with nothing new to
   // wait for is recorded only when asked (a sync point: .item() on an idle device is still a sync).
   if (record_always || unobserved) record_wait(device, stream, what, t0, now_ns());
-  raise_async_error(device);
+  if (raise_errors) raise_async_error(device);
 }
 
 void wait_position_quiet(int device, int stream, uint64_t pos) {
   wait_on(stream_of(device, stream), pos, "a plan's first launch");  // Ctrl-C honoured, as every host wait
 }
 
-void synchronize_stream(int device, int stream, const char* what, bool record_always) {
+void synchronize_stream(int device, int stream, const char* what, bool record_always, bool raise_errors) {
   check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   StreamQueue& s = stream_of(device, stream);
   uint64_t pos;
@@ -898,7 +899,7 @@ void synchronize_stream(int device, int stream, const char* what, bool record_al
     std::lock_guard<std::mutex> lock(s.mu);
     pos = s.enqueued;
   }
-  wait_position(device, stream, pos, what, record_always);
+  wait_position(device, stream, pos, what, record_always, raise_errors);
 }
 
 void synchronize_device(int device, const char* what) {
