@@ -617,7 +617,7 @@ class ProfileResult(_Rich):
     def __str__(self) -> str:
         lines = [self._headline()]
         if self._bound_line():
-            lines.append(f"  {_one_line(self._bound_line() or "")}")  # it may name a location
+            lines.append(f"  {_one_line(self._bound_line() or '')}")  # it may name a location
         if self.summary["time_by_engine"]:
             lines += _text_table(("engine", "count", "time", "share"), self._engine_rows())
         if self.summary["top_kernels"]:
