@@ -4,6 +4,7 @@ bad input, notebook cell locations, ambient mode, and one notebook run through a
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -774,7 +775,8 @@ def test_text_reports_keep_a_name_with_control_characters_on_one_line() -> None:
 
     def launch() -> None:
         (torch.ones(7, 3, device="neuron") * 3).sum().item()
-        torch.neuron._sleep(5_000_000)  # 5 ms on the device, then a wait at this line: the verdict names it
+        time.sleep(0.02)  # the host's own time, then 30 ms on the device and a wait for it at the next line:
+        torch.neuron._sleep(30)  # a sync-bound region (about 60% waiting), whose verdict names that line
         torch.neuron.synchronize()
 
     launch.__code__ = launch.__code__.replace(co_name="odd\nname\there", co_filename="/tmp/dir\twith tab.py")
@@ -785,6 +787,8 @@ def test_text_reports_keep_a_name_with_control_characters_on_one_line() -> None:
     assert len(sig) == 1, text
     assert "/tmp/dir\\twith tab.py:" in sig[0] and sig[0].endswith(" in odd\\nname\\there"), sig
     assert "\there" not in text and "name\n" not in text
+    (bound,) = [ln for ln in text.splitlines() if "sync-bound" in ln]
+    assert "most at /tmp/dir\\twith tab.py:" in bound and " in odd\\nname\\there (" in bound, bound
     for line in text.splitlines():  # no raw tab left in any line
         assert "\t" not in line
 
