@@ -753,3 +753,14 @@ def test_a_zoom_redraw_states_its_range_in_the_update_that_draws_it() -> None:
     sent.clear()
     w.color_toggle.value = "subgraph"
     assert [name for name, _ in sent] == ["_py2js_update"] and "xaxis.range" not in sent[0][1]["layout_data"]
+
+
+def test_apply_traces_states_forced_layout_on_a_plain_figure_widget_too() -> None:
+    # a plotly FigureWidget (not the lab's) has no merged update: the forced properties follow in a relayout
+    from torchneuron_lab.widgets.timeline import apply_traces
+
+    fw = go.FigureWidget([go.Bar(x=[1], y=[0])], layout={"xaxis": {"range": [2, 3]}})
+    sent: list[dict] = []
+    fw._send_relayout_msg = lambda layout_data, **k: sent.append(dict(layout_data))
+    apply_traces(fw, [go.Bar(x=[5], y=[1])], force={"xaxis.range": [2, 3], "xaxis.autorange": False})
+    assert sent and sent[-1] == {"xaxis.range": [2, 3], "xaxis.autorange": False}, sent

@@ -108,7 +108,6 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 QUICKSTART = "01_quickstart.ipynb"
-_CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
 _REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc=[\"']https?://[^>]*>\s*</script>", re.IGNORECASE)
 
 
@@ -139,6 +138,7 @@ def run_notebook_report(name: str, html_path: Path, *, cwd: Path, timeout: int =
     exporter = HTMLExporter(embed_images=True)
     body, _ = exporter.from_notebook_node(nb)
     from torchneuron_lab.tracing.chrome_trace import write_atomically
+    from torchneuron_lab.widgets.figures import _CDN_TOPOJSON
 
     body = _REMOTE_SCRIPT.sub("", body).replace(_CDN_TOPOJSON, '"topojson/"')
     data = body.encode("utf-8", errors="replace")

@@ -71,6 +71,7 @@ def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping
         for tr in widget.data:
             slots.setdefault(tr.type, []).append(tr)
     used: dict[str, int] = {}
+    merge = bool(force) and isinstance(widget, _FigureWidget)  # its update message takes them (_send_update_msg)
     with widget.batch_update():
         for tr in new:
             k = used.get(tr.type, 0)
@@ -91,10 +92,11 @@ def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping
                 slot.visible = False
         for key, value in {**(layout or {}), **(force or {})}.items():
             widget.layout[key] = value
-        if force and isinstance(widget, _FigureWidget):
-            widget._forced_layout = dict(force)  # merged into the update this batch sends
-    if force and getattr(widget, "_forced_layout", None) is not None:  # no update was sent: send them alone
-        widget._forced_layout = None
+        if merge:
+            widget._forced_layout = dict(force or {})  # merged into the update this batch sends
+    if force and (not merge or widget._forced_layout is not None):  # not sent in an update: send them alone
+        if merge:
+            widget._forced_layout = None
         state_layout(widget, force)
 
 

@@ -2854,11 +2854,12 @@ at::Device window_device(std::optional<at::Device> device) {
 }
 at::Tensor kaiser_beta(int64_t n, bool periodic, double beta, std::optional<at::ScalarType> dtype,
                        std::optional<at::Layout> layout, std::optional<at::Device> device, std::optional<bool> pin) {
-  const auto options = at::TensorOptions().dtype(dtype).layout(layout).device(window_device(device))
-                           .pinned_memory(pin);  // the dtype check first, naming the device as on CUDA
+  const at::Device target = window_device(device);
+  const auto options = at::TensorOptions().dtype(dtype).layout(layout).device(target).pinned_memory(pin);
+  // the dtype check first, naming the device as on CUDA
   TORCH_CHECK(at::isFloatingType(at::typeMetaToScalarType(options.dtype())),
               "kaiser_window expects floating point dtypes, got: ", options);
-  return at::kaiser_window(n, periodic, beta, dtype, layout, at::kCPU, false).to(window_device(device));
+  return at::kaiser_window(n, periodic, beta, dtype, layout, at::kCPU, false).to(target);
 }
 at::Tensor kaiser_periodic(int64_t n, bool periodic, std::optional<at::ScalarType> dtype,
                            std::optional<at::Layout> layout, std::optional<at::Device> device, std::optional<bool> pin) {
