@@ -16,10 +16,19 @@ from torchneuron_lab.tracing import validate_chrome_trace
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli(*args: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+def cli(*args: str, cwd: Path, timeout: float = 300, json_engine: str | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``torchneuron-lab *args``; ``json_engine`` sets plotly's JSON encoder ("json" or "orjson")."""
+    env = dict(os.environ, **(env or {}),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    cmd = [sys.executable, "-m", "torchneuron_lab.cli"]
+    if json_engine is not None:
+        code = ("import runpy, sys, plotly.io as pio\n"
+                "pio.json.config.default_engine = sys.argv.pop(1)\n"
+                "runpy.run_module('torchneuron_lab.cli', run_name='__main__', alter_sys=True)")
+        cmd = [sys.executable, "-c", code, json_engine]
     # undecodable bytes of a file name the output repeats are shown as U+FFFD
-    return subprocess.run([sys.executable, "-m", "torchneuron_lab.cli", *args], check=False, cwd=cwd, env=env,
+    return subprocess.run([*cmd, *args], check=False, cwd=cwd, env=env,
                           capture_output=True, encoding="utf-8", errors="replace", timeout=timeout)
 
 
@@ -233,7 +242,32 @@ def test_write_atomically_leaves_the_old_file_when_writing_fails(tmp_path: Path)
 
     save_html(go.Figure(), old, title="run of bad\udcffname.py")
     text = old.read_text(encoding="utf-8")
-    assert "<title>run of bad?name.py</title>" in text and "Plotly.newPlot" in text
+    assert "<title>run of bad\\xffname.py</title>" in text and "Plotly.newPlot" in text
+
+
+@pytest.mark.parametrize("json_engine", ["json", "orjson"])
+def test_save_html_writes_lone_surrogates_in_a_figure_as_escapes(tmp_path: Path, json_engine: str) -> None:
+    # a name a user gave a trace from a file name that is not valid UTF-8: orjson refused the whole figure
+    import numpy as np
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    from torchneuron_lab.widgets import save_html
+
+    fig = go.Figure(go.Bar(x=[1, 2], y=[3, 4], name="run g\udcff.py", text=np.array(["a\ud800", "b"], dtype=object)))
+    fig.update_layout(title="in h\udcfe.py")
+    saved = pio.json.config.default_engine
+    pio.json.config.default_engine = json_engine
+    try:
+        path = save_html(fig, tmp_path / "r.html")
+    finally:
+        pio.json.config.default_engine = saved
+    text = path.read_text(encoding="utf-8")
+    assert "Plotly.newPlot" in text and fig.data[0].name == "run g\udcff.py"  # the user's figure is untouched
+    if json_engine == "orjson":  # escaped by the lab: the file's text names the bytes
+        assert '"name":"run g\\\\xff.py"' in text and '"a\\\\ud800"' in text and "in h\\\\xfe.py" in text
+    else:  # Python's encoder writes JSON escapes, which the browser reads as the same lone surrogates
+        assert '"name":"run g\\udcff.py"' in text and '"a\\ud800"' in text
 
 
 def test_outputs_resolve_where_the_command_started_even_if_the_script_chdirs(tmp_path: Path) -> None:
@@ -298,13 +332,22 @@ def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_pa
     assert "Plotly.newPlot" in (tmp_path / "r.html").read_text()
 
 
-def test_profile_a_script_whose_file_name_is_not_utf8(tmp_path: Path) -> None:
+@pytest.mark.parametrize("json_engine", ["json", "orjson"])
+def test_profile_a_script_whose_file_name_is_not_utf8(tmp_path: Path, json_engine: str) -> None:
     # the memory snapshot the profile takes failed on the script's own frames (PyTorch's symbolizer cannot
-    # encode the name): an internal traceback, exit 1, and no summary, trace or report
+    # encode the name): an internal traceback, exit 1, and no summary, trace or report. Then, with orjson
+    # (plotly's JSON engine when it is installed), the report failed on the name's lone surrogate; a UTF-8
+    # terminal (C.UTF-8: stdout strict) could not print the launch lines that name it.
     name = os.fsdecode(b"s\xffx.py")
     (tmp_path / name).write_text("import torch\nx = torch.ones(256, device='neuron')\nprint('ok', (x * 2).sum().item())\n")
-    r = cli("profile", name, "-o", "r.html", "--trace", "t.json", cwd=tmp_path)
+    r = cli("profile", name, "-o", "r.html", "--trace", "t.json", cwd=tmp_path, json_engine=json_engine,
+            env={"LC_ALL": "C.UTF-8", "PYTHONUTF8": "0", "PYTHONIOENCODING": ""})
     assert r.returncode == 0, r.stderr
     assert "ok 512.0" in r.stdout and "timeline figure written to" in r.stdout, r.stdout
+    # the launch lines name the file as its bytes read: s\xffx.py
+    assert "s\\xffx.py:3" in r.stdout, r.stdout
     validate_chrome_trace(json.loads((tmp_path / "t.json").read_text()))
-    assert "Plotly.newPlot" in (tmp_path / "r.html").read_text(encoding="utf-8")
+    text = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "Plotly.newPlot" in text
+    assert "s\\\\xffx.py: kernel timeline" in text  # the title, backslash escaped once more by JSON
+    assert "<title>torchneuron-lab profile s\\xffx.py</title>" in text

@@ -897,3 +897,12 @@ def test_a_bounded_recording_summarised_from_its_columns_agrees_with_its_events(
     assert act["unrecorded_ns"] == min(window[1], hi) - max(window[0], lo) > 0
     assert act["busy_ns"] + act["idle_ns"] + act["unrecorded_ns"] == act["span_ns"]
     assert fast["bound"]["unrecorded_ns"] == act["unrecorded_ns"]
+
+
+def test_stack_frames_hold_valid_unicode_whatever_the_file_system_held() -> None:
+    # a file name with undecodable bytes (os.fsdecode) or any lone surrogate: printable, JSON-encodable text
+    fr = StackFrame(os.fsdecode(b"/tmp/s\xffx.py"), 3, "f\ud800")
+    assert (fr.filename, fr.name) == ("/tmp/s\\xffx.py", "f\\ud800")
+    assert str(fr).encode("utf-8") == b"/tmp/s\\xffx.py:3 in f\\ud800"
+    plain = StackFrame("/tmp/\u00e9t\u00e9.py", 1, "g")
+    assert plain.filename == "/tmp/\u00e9t\u00e9.py"  # valid names are kept as they are

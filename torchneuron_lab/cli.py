@@ -54,6 +54,7 @@ def _demo(args: argparse.Namespace) -> int:
     import torchneuron_lab  # noqa: F401  (registers the device)
     from torchneuron_lab.device import recorder
     from torchneuron_lab.tracing import summarize, write_chrome_trace
+    from torchneuron_lab.tracing.events import displayable
 
     out = Path(args.output).absolute() if args.output else Path(tempfile.mkdtemp(prefix="torchneuron_lab_demo_"))
     out.mkdir(parents=True, exist_ok=True)
@@ -92,8 +93,8 @@ def _demo(args: argparse.Namespace) -> int:
     torch.neuron.memory._dump_snapshot(str(snap_path))
     torch.neuron.memory._record_memory_history(enabled=None)
     (out / "summary.json").write_text(json.dumps(summary, default=str, indent=1))
-    print(f"wrote {trace_path} (open in Perfetto / chrome://tracing), {snap_path} (pytorch.org/memory_viz), "
-          f"{out / 'summary.json'}")
+    print(displayable(f"wrote {trace_path} (open in Perfetto / chrome://tracing), {snap_path} "
+                      f"(pytorch.org/memory_viz), {out / 'summary.json'}"))
     if args.no_report:
         return 0
     print("\nrunning the quickstart notebook headless ...", flush=True)
@@ -103,7 +104,7 @@ def _demo(args: argparse.Namespace) -> int:
     except Exception as e:  # noqa: BLE001 - a cell error: say which, keep the outputs written so far
         print(f"the quickstart notebook failed: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    print(f"wrote the HTML report {report} ({time.perf_counter() - t0:.1f} s)")
+    print(displayable(f"wrote the HTML report {report} ({time.perf_counter() - t0:.1f} s)"))
     return 0
 
 
@@ -232,6 +233,7 @@ def _profile(args: argparse.Namespace) -> int:
 
     import torchneuron_lab  # noqa: F401  (registers the device)
     from torchneuron_lab.extension.helpers import profile_cell
+    from torchneuron_lab.tracing.events import displayable
 
     saved_argv, saved_path, saved_cwd = sys.argv[:], sys.path[:], os.getcwd()
     sys.argv = [str(args.script), *args.args]
@@ -273,9 +275,10 @@ def _profile(args: argparse.Namespace) -> int:
             from torchneuron_lab.widgets import save_html, timeline_figure
 
             # plotly draws a title's tags (<b>, <br>...): the script's name is text
-            fig = timeline_figure(res.trace, title=f"{html.escape(script.name)}: kernel timeline")
-            written = save_html(fig, str(report_path), title=f"torchneuron-lab profile {script.name}")
-            print(f"  timeline figure written to {written}")
+            name = displayable(script.name)
+            fig = timeline_figure(res.trace, title=f"{html.escape(name)}: kernel timeline")
+            written = save_html(fig, str(report_path), title=f"torchneuron-lab profile {name}")
+            print(f"  timeline figure written to {displayable(str(written))}")
     except (OSError, UnicodeError) as e:
         print(f"torchneuron-lab profile: cannot write the output: {e}", file=sys.stderr)
         return exit_code or 1

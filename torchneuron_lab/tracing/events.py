@@ -73,13 +73,42 @@ REQUIRED_COLUMNS: tuple[str, ...] = ("kind", "name", "device", "engine", "start_
 _SHAPE_RE = re.compile(r"\[([^\[\]]*)\]")
 
 
+def displayable(text: str) -> str:
+    """``text`` as valid Unicode: what UTF-8 cannot encode is written as a backslash escape.
+
+    A file name that is not valid UTF-8 reaches Python as a str with lone surrogates (``os.fsdecode``);
+    such a str cannot be printed to a UTF-8 terminal or written as JSON by orjson (plotly's and
+    jupyter_client's encoder when installed). Bytes the file system escaped become ``\\xNN`` (the name
+    ``b"s\\xffx.py"`` reads ``s\\xffx.py``), any other lone surrogate ``\\udNNN``.
+    """
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 @dataclass(frozen=True)
 class StackFrame:
-    """One Python frame of the host-side call that launched an event."""
+    """One Python frame of the host-side call that launched an event.
+
+    ``filename`` and ``name`` are :func:`displayable`: valid Unicode whatever the file system held.
+    """
 
     filename: str
     line: int
     name: str
+
+    def __post_init__(self) -> None:
+        for attr in ("filename", "name"):
+            value = getattr(self, attr)
+            clean = displayable(value)
+            if clean is not value:
+                object.__setattr__(self, attr, clean)
 
     def __str__(self) -> str:
         return f"{self.filename}:{self.line} in {self.name}"

@@ -34,9 +34,11 @@ from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from torchneuron_lab.tracing import ENGINES, KernelEvent, Trace, device_name
 from torchneuron_lab.tracing.chrome_trace import write_atomically
+from torchneuron_lab.tracing.events import displayable
 from torchneuron_lab.tracing.frames import is_internal
 
 __all__ = [
@@ -1434,6 +1436,19 @@ def graph_breaks_figure(breaks: Iterable[Any]) -> go.Figure:
 _CDN_TOPOJSON = '"https://cdn.plot.ly/un/"'
 
 
+def _displayable_tree(obj: Any) -> Any:
+    """``obj`` (a figure's dict) with every string made :func:`displayable`."""
+    if isinstance(obj, str):
+        return displayable(obj)
+    if isinstance(obj, dict):
+        return {displayable(str(k)): _displayable_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_displayable_tree(v) for v in obj]
+    if isinstance(obj, np.ndarray) and obj.dtype.kind in "OU":
+        return [_displayable_tree(v) for v in obj.tolist()]
+    return obj
+
+
 def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = None) -> Path:
     """Write ``fig`` (a Figure, FigureWidget, or one of :mod:`.timeline`'s widgets) as one offline HTML file.
 
@@ -1442,16 +1457,22 @@ def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = Non
     -- is pointed at a relative folder so the file references no remote host at all.
 
     The file is written next to itself and renamed into place (a failure leaves the old file as it was);
-    a path ending in '.gz' is gzip-compressed. A character UTF-8 cannot encode (a lone surrogate: a file
-    name that is not valid UTF-8) is written as '?'.
+    a path ending in '.gz' is gzip-compressed. A lone surrogate (from a file name that is not valid UTF-8)
+    is written as a backslash escape in the title, and in the figure where plotly's JSON engine refuses it.
     """
     figure = getattr(fig, "figure", fig)
     if not isinstance(figure, go.Figure):  # FigureWidget is a BaseFigure but not a go.Figure
         figure = go.Figure(figure)
-    text = figure.to_html(include_plotlyjs=True, full_html=True, include_mathjax=False,
-                          config={"responsive": True, "displaylogo": False})
+    options: dict[str, Any] = {"include_plotlyjs": True, "full_html": True, "include_mathjax": False,
+                               "config": {"responsive": True, "displaylogo": False}}
+    try:
+        text = figure.to_html(**options)
+    except (TypeError, UnicodeError):
+        # orjson (plotly's JSON engine when installed) refuses a str with lone surrogates, e.g. a name a
+        # user gave the figure from a file name that is not valid UTF-8; such text is written escaped
+        text = pio.to_html(_displayable_tree(figure.to_dict()), validate=False, **options)
     text = text.replace(_CDN_TOPOJSON, '"topojson/"')
     if title:
-        text = text.replace("<head>", f"<head><title>{html.escape(title)}</title>", 1)
+        text = text.replace("<head>", f"<head><title>{html.escape(displayable(title))}</title>", 1)
     data = text.encode("utf-8", errors="replace")
     return write_atomically(path, lambda fh: fh.write(data))
