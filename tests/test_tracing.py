@@ -906,3 +906,34 @@ def test_stack_frames_hold_valid_unicode_whatever_the_file_system_held() -> None
     assert str(fr).encode("utf-8") == b"/tmp/s\\xffx.py:3 in f\\ud800"
     plain = StackFrame("/tmp/\u00e9t\u00e9.py", 1, "g")
     assert plain.filename == "/tmp/\u00e9t\u00e9.py"  # valid names are kept as they are
+
+
+def test_per_lane_idle_time_leaves_out_a_dropped_stretch() -> None:
+    # the union's summaries left the dropped stretch out; the per-lane ones (lane_utilization, idle_gaps and the
+    # timeline's lanes) still counted it as one idle gap of 1 ms on a lane busy ~98% of what was recorded
+    from torchneuron_lab.tracing import idle_gaps, lane_utilization
+    from torchneuron_lab.tracing.summary import NOT_RECORDED
+    from torchneuron_lab.widgets import figures as F
+
+    trace, (w0, w1) = _queued_around_a_dropped_stretch()
+    (kernel_lane,) = [r for r in lane_utilization(trace) if r["count"] == 10 and r["engine"] != "host"]
+    assert kernel_lane["span_ns"] == 1_001_100 and kernel_lane["unrecorded_ns"] == 1_000_000
+    assert (kernel_lane["busy_ns"], kernel_lane["idle_ns"]) == (1000, 100)
+    assert kernel_lane["utilization"] == pytest.approx(1000 / 1100)
+    gaps = [g for g in idle_gaps(trace) if g["engine"] == kernel_lane["engine"]]
+    assert [(g["start_ns"] - A.BASE, g["end_ns"] - A.BASE, g["after"], g["before"]) for g in gaps] == [
+        (510, 600, "aten::mm", NOT_RECORDED), (1_000_600, 1_000_610, NOT_RECORDED, "aten::mm")]
+    assert all(g["end_ns"] <= w0 or g["start_ns"] >= w1 for g in idle_gaps(trace))
+    assert idle_gaps(trace, min_gap_ns=50) == gaps[:1]
+    # the summary from the recorder's columns and from the events agree
+    fast = summarize(trace)
+    slow = summarize(Trace(list(trace.events), dropped=trace.dropped, metadata=trace.metadata))
+    assert fast["lane_utilization"] == slow["lane_utilization"] == lane_utilization(trace)
+    assert fast["idle_gaps"] == slow["idle_gaps"] == idle_gaps(trace)
+    # without the window: one gap of 1.0001 ms, as before
+    plain = idle_gaps(list(trace.events))
+    assert [g["gap_ns"] for g in plain if g["engine"] == kernel_lane["engine"]] == [1_000_100]
+    # the timeline's per-lane numbers
+    lanes = F.timeline_summary(trace)["lanes"]
+    (row,) = [v for v in lanes.values() if v["count"] == 10 and v["busy_ns"] == 1000]
+    assert (row["idle_ns"], row["gaps"]) == (100, 2)

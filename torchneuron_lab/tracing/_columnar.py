@@ -195,7 +195,8 @@ def _transfers(cols: RecordedColumns) -> dict[str, dict[str, Any]]:
     return {d: {**acc[d], "bytes_per_s": S._rate(acc[d]["bytes"], acc[d]["total_ns"])} for d in (*DIRECTIONS, *extra)}
 
 
-def _lanes(cols: RecordedColumns, busy_idx: np.ndarray) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def _lanes(cols: RecordedColumns, busy_idx: np.ndarray,
+           unrecorded: tuple[int, int] | None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(lane_utilization rows, idle_gaps rows)."""
     a = cols.arrays
     start, end, seq = a["start_ns"], a["end_ns"], a["seq"]
@@ -203,10 +204,8 @@ def _lanes(cols: RecordedColumns, busy_idx: np.ndarray) -> tuple[list[dict[str, 
     gaps: list[dict[str, Any]] = []
     for dev, engine, rows in _lane_slices(cols, busy_idx, start, end, seq):
         s, e = start[rows], end[rows]
-        busy = _union_ns(s, e)
-        span = int(e.max() - s.min())
-        util.append({"device": dev, "engine": engine, "count": len(rows), "busy_ns": busy, "span_ns": span,
-                     "idle_ns": span - busy, "utilization": busy / span if span else None})
+        busy = _union_ns(*S.clip_out(s, e, unrecorded))
+        util.append(S.lane_row(dev, engine, len(rows), busy, int(s.min()), int(e.max()), unrecorded))
         run = np.maximum.accumulate(e)
         at = np.flatnonzero(s[1:] > run[:-1]) + 1
         if not len(at):
@@ -216,9 +215,13 @@ def _lanes(cols: RecordedColumns, busy_idx: np.ndarray) -> tuple[list[dict[str, 
         after = cols.strings_of(a["name"][rows[setter[at - 1]]])
         before = cols.strings_of(a["name"][rows[at]])
         g0, g1 = run[at - 1], s[at]
-        gaps.extend([{"device": dev, "engine": engine, "start_ns": x0, "end_ns": x1, "gap_ns": d,
-                      "after": an, "before": bn}
-                     for x0, x1, d, an, bn in zip(g0.tolist(), g1.tolist(), (g1 - g0).tolist(), after, before)])
+        if unrecorded is None:
+            gaps.extend([{"device": dev, "engine": engine, "start_ns": x0, "end_ns": x1, "gap_ns": d,
+                          "after": an, "before": bn}
+                         for x0, x1, d, an, bn in zip(g0.tolist(), g1.tolist(), (g1 - g0).tolist(), after, before)])
+        else:
+            for x0, x1, an, bn in zip(g0.tolist(), g1.tolist(), after, before):
+                gaps.extend(S.lane_gap(dev, engine, x0, x1, an, bn, unrecorded))
     return util, gaps
 
 
@@ -273,7 +276,7 @@ def _summarize_columns(cols: RecordedColumns, k: int | None, unrecorded: tuple[i
     busy_idx = np.flatnonzero(busy)
     syncs = _subset(cols, np.flatnonzero(_mask_of(cols, ("sync",))))
     new_sig = _subset(cols, np.flatnonzero(a["new_signature"] != 0))
-    util, gaps = _lanes(cols, busy_idx)
+    util, gaps = _lanes(cols, busy_idx, unrecorded)
     bound = _classify(cols, syncs, unrecorded)
     return {
         "num_events": cols.n,

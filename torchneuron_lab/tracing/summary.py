@@ -261,6 +261,7 @@ def idle_gaps(
     *,
     min_gap_ns: int = 0,
     kinds: Iterable[str] | None = BUSY_KINDS,
+    unrecorded: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Idle stretches inside each lane: time between one busy stretch's end and the next one's start.
 
@@ -271,12 +272,19 @@ def idle_gaps(
     ``gap_ns``, ``after`` (name of the event that ended last before the gap) and ``before`` (name of
     the first event after it).
 
+    A recording that dropped events (``unrecorded``: :func:`unrecorded_window`, found on a :class:`Trace` by
+    itself) knows nothing of that stretch: a gap across it is cut in two, each piece naming
+    :data:`NOT_RECORDED` on the window's side, and ``min_gap_ns`` applies to each piece.
+
     Args:
         min_gap_ns: report only gaps at least this long (gaps of 0 ns are never reported).
         kinds: kinds that make a lane busy (default :data:`BUSY_KINDS`); None for all.
+        unrecorded: the stretch nothing was recorded in (default: the Trace's own).
     """
     if min_gap_ns < 0:
         raise ValueError(f"min_gap_ns must be >= 0, got {min_gap_ns}")
+    if unrecorded is None:
+        unrecorded = unrecorded_window(events)
     rows: list[dict[str, Any]] = []
     for (device, engine), lane in _lanes(_select(events, kinds)).items():
         lane = sorted(lane, key=lambda x: (x.start_ns, x.end_ns, x.seq))
@@ -284,23 +292,38 @@ def idle_gaps(
         last_name = ""
         for e in lane:
             if busy_end is not None and e.start_ns > busy_end:
-                gap = e.start_ns - busy_end
-                if gap >= min_gap_ns:
-                    rows.append(
-                        {
-                            "device": device,
-                            "engine": engine,
-                            "start_ns": busy_end,
-                            "end_ns": e.start_ns,
-                            "gap_ns": gap,
-                            "after": last_name,
-                            "before": e.name,
-                        }
-                    )
+                rows.extend(lane_gap(device, engine, busy_end, e.start_ns, last_name, e.name, unrecorded,
+                                     min_gap_ns))
             if busy_end is None or e.end_ns >= busy_end:
                 busy_end = e.end_ns
                 last_name = e.name
     return rows
+
+
+#: What :func:`idle_gaps` names on the side of a gap where the recording dropped events.
+NOT_RECORDED = "(not recorded)"
+
+
+def lane_gap(device: Any, engine: str, start: int, end: int, after: str, before: str,
+             window: tuple[int, int] | None, min_gap_ns: int = 0) -> list[dict[str, Any]]:
+    """:func:`idle_gaps` rows for one idle stretch of a lane: itself, or the pieces of it outside ``window``
+    (each naming :data:`NOT_RECORDED` on the window's side); pieces shorter than ``min_gap_ns`` or empty
+    are left out."""
+    pieces = [(start, end, after, before)]
+    if window is not None and start < window[1] and end > window[0]:
+        pieces = [(start, min(end, window[0]), after, NOT_RECORDED), (max(start, window[1]), end, NOT_RECORDED, before)]
+    return [{"device": device, "engine": engine, "start_ns": a, "end_ns": b, "gap_ns": b - a, "after": left,
+             "before": right} for a, b, left, right in pieces if b > a and b - a >= min_gap_ns]
+
+
+def lane_row(device: Any, engine: str, count: int, busy_ns: int, lo: int, hi: int,
+             window: tuple[int, int] | None) -> dict[str, Any]:
+    """One :func:`lane_utilization` row; ``busy_ns`` already excludes ``window``."""
+    unrec = unrecorded_ns(window, lo, hi)
+    recorded = hi - lo - unrec
+    return {"device": device, "engine": engine, "count": count, "busy_ns": busy_ns, "span_ns": hi - lo,
+            "idle_ns": recorded - busy_ns, "unrecorded_ns": unrec,
+            "utilization": busy_ns / recorded if recorded else None}
 
 
 def unrecorded_window(events: Any) -> tuple[int, int] | None:
@@ -402,26 +425,24 @@ def activity(
 
 
 def lane_utilization(
-    events: Iterable[KernelEvent], *, kinds: Iterable[str] | None = BUSY_KINDS
+    events: Iterable[KernelEvent], *, kinds: Iterable[str] | None = BUSY_KINDS,
+    unrecorded: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Per lane: ``device``, ``engine``, ``count``, ``busy_ns`` (union of intervals), ``span_ns``
-    (first start to last end), ``idle_ns`` (span minus busy) and ``utilization`` (busy / span; None for
-    a zero span), ordered by device then engine."""
+    (first start to last end), ``idle_ns`` (span minus busy), ``unrecorded_ns`` and ``utilization``
+    (busy / recorded time; None for a zero span), ordered by device then engine.
+
+    A recording that dropped events (``unrecorded``: :func:`unrecorded_window`, found on a :class:`Trace` by
+    itself) knows nothing of that stretch: its part of the lane's span is ``unrecorded_ns``, neither busy
+    nor idle, so ``busy_ns + idle_ns + unrecorded_ns == span_ns``.
+    """
+    if unrecorded is None:
+        unrecorded = unrecorded_window(events)
     rows = []
     for (device, engine), lane in _lanes(_select(events, kinds)).items():
-        busy = sum(b - a for a, b in _merge([(e.start_ns, e.end_ns) for e in lane]))
-        span = max(e.end_ns for e in lane) - min(e.start_ns for e in lane)
-        rows.append(
-            {
-                "device": device,
-                "engine": engine,
-                "count": len(lane),
-                "busy_ns": busy,
-                "span_ns": span,
-                "idle_ns": span - busy,
-                "utilization": busy / span if span else None,
-            }
-        )
+        busy = sum(b - a for a, b in _merge(_clip_pairs([(e.start_ns, e.end_ns) for e in lane], unrecorded)))
+        lo, hi = min(e.start_ns for e in lane), max(e.end_ns for e in lane)
+        rows.append(lane_row(device, engine, len(lane), busy, lo, hi, unrecorded))
     return rows
 
 
@@ -671,8 +692,8 @@ def summarize(events: Iterable[KernelEvent], *, k: int | None = 10) -> dict[str,
         "sync_events": sync_events(evs),
         "transfers": transfers(evs),
         "new_signatures": new_signatures(evs),
-        "lane_utilization": lane_utilization(evs),
-        "idle_gaps": idle_gaps(evs),
+        "lane_utilization": lane_utilization(evs, unrecorded=window),
+        "idle_gaps": idle_gaps(evs, unrecorded=window),
         "host_waits": host_waits(evs),
         "bound": bound,
     }

@@ -398,6 +398,8 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
     no lane was busy: ``busy_ns + idle_ns == span_ns``), while ``lanes[...]`` are PER LANE as
     :func:`torchneuron_lab.tracing.idle_gaps` defines them (gaps strictly inside one lane's span; summed
     over lanes they can exceed the span). ``engines`` follows :func:`torchneuron_lab.tracing.time_by_engine`.
+    A stretch a bounded recording dropped events from (``unrecorded_ns``) is neither busy nor idle, in the
+    union and in each lane: ``busy_ns + idle_ns + unrecorded_ns == span_ns``.
     """
     cols = events if isinstance(events, EventColumns) else EventColumns.build(events)
     n = len(cols.events)
@@ -440,12 +442,25 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
         for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist()):
             s, e = start[a:b], end[a:b]
             run = np.maximum.accumulate(e)
-            gaps = s[1:] - run[:-1]
-            gaps = gaps[gaps > 0]
+            inside = s[1:] > run[:-1]
+            g0, g1 = run[:-1][inside], s[1:][inside]
             span = int(run[-1] - s[0])
+            unrec = 0
+            if cols.unrecorded is None:
+                idle, n_gaps = int((g1 - g0).sum()), len(g0)
+            else:  # a gap across the dropped stretch is two gaps, the stretch itself neither busy nor idle
+                from torchneuron_lab.tracing.summary import unrecorded_ns
+
+                w0, w1 = cols.unrecorded
+                across = (g0 < w1) & (g1 > w0)
+                left = np.where(across, np.minimum(g1, w0) - g0, g1 - g0)
+                right = np.where(across, g1 - np.maximum(g0, w1), 0)
+                idle = int(left.clip(min=0).sum() + right.clip(min=0).sum())
+                n_gaps = int((left > 0).sum() + (right > 0).sum())
+                unrec = unrecorded_ns(cols.unrecorded, int(s[0]), int(run[-1]))
             label = cols.lanes[int(lane[a])]
-            busy = span - int(gaps.sum())
-            lanes[label] = {"count": b - a, "busy_ns": busy, "idle_ns": int(gaps.sum()), "gaps": len(gaps)}
+            busy = span - idle - unrec
+            lanes[label] = {"count": b - a, "busy_ns": busy, "idle_ns": idle, "gaps": n_gaps}
             engine = label.split(" · ")[-1]
             row = engines.setdefault(engine, {"count": 0, "total_ns": 0, "busy_ns": 0})
             row["count"] += b - a
