@@ -401,6 +401,51 @@ def test_kaiser_window_on_neuron_every_overload_and_under_the_default_device() -
         torch.kaiser_window(5, dtype=torch.int64, device="neuron")
 
 
+def test_mode_with_out_on_neuron_as_on_cpu() -> None:
+    # mode.values has only a composite kernel, which refused the device ("mode only supports CPU, CUDA and XPU
+    # device type, got: neuron"); a scan of every composite kernel calling a DispatchStub or gating on the device
+    # type found it (see csrc/README.md)
+    x = torch.tensor([[1.0, 2, 2, 3], [4, 4, 0, 0], [7, 8, 9, 7]])
+    for dim, keepdim in [(0, False), (1, False), (1, True), (-1, True)]:
+        want = torch.mode(x, dim, keepdim)
+        vals = torch.empty(0, device="neuron")  # resized as CPU resizes it
+        idx = torch.empty(0, dtype=torch.long, device="neuron")
+        got = torch.mode(x.to("neuron"), dim, keepdim, out=(vals, idx))
+        assert got[0] is vals and got[1] is idx
+        assert torch.equal(vals.cpu(), want.values) and torch.equal(idx.cpu(), want.indices)
+    xn = x.to("neuron")
+    for out, msg in [
+        ((torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.long)),
+         "expected scalar type 'Float' but got 'Double' for values output"),
+        ((torch.empty(0), torch.empty(0, dtype=torch.int32)), "expected scalar type 'Long' but got 'Int' for indices output"),
+    ]:
+        with pytest.raises(RuntimeError, match=msg):
+            torch.mode(x, 1, out=out)  # CPU's text
+        with pytest.raises(RuntimeError, match=msg):
+            torch.mode(xn, 1, out=tuple(t.to("neuron") for t in out))
+    with pytest.raises(RuntimeError, match="expected device 'neuron:0' but got 'cpu' for values output"):
+        torch.mode(xn, 1, out=(torch.empty(0), torch.empty(0, dtype=torch.long, device="neuron")))
+
+
+def test_sparse_coo_argument_checks_on_neuron_indices() -> None:
+    # the check of coalesced indices calls flatten_indices_stub on the indices' device directly (no dispatcher):
+    # "DispatchStub: missing kernel for neuron", an internal assert, where any other way of making a sparse tensor
+    # on neuron gets the lab's error naming the limitation
+    i = torch.tensor([[0, 1], [1, 0]])
+    v = torch.tensor([1.0, 2.0])
+    assert torch._validate_sparse_coo_tensor_args(i.to("neuron"), v.to("neuron"), (2, 2), True) is None
+    bad = torch.tensor([[1, 0], [0, 1]])  # not sorted: not coalesced
+    with pytest.raises(RuntimeError) as on_cpu:
+        torch._validate_sparse_coo_tensor_args(bad, v, (2, 2), True)
+    with pytest.raises(RuntimeError) as on_neuron:
+        torch._validate_sparse_coo_tensor_args(bad.to("neuron"), v.to("neuron"), (2, 2), True)
+    assert str(on_neuron.value) == str(on_cpu.value)
+    for idx in (i, i.to("neuron")):
+        with pytest.raises(NotImplementedError, match="neuron tensors must be dense and strided"):
+            torch.sparse_coo_tensor(idx, v.to(idx.device), (2, 2), is_coalesced=True, check_invariants=True,
+                                    device="neuron")
+
+
 def test_bernoulli_takes_a_cpu_probability_tensor_of_any_shape_as_cuda_does() -> None:
     # bernoulli_.Tensor has no device check; CUDA's kernel copies p to the device: neuron refused a 1-D CPU p
     p = torch.linspace(0, 1, 64)

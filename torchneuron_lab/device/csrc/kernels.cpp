@@ -58,6 +58,13 @@
 #include <unordered_map>
 #include <unordered_set>
 
+// ATen's sparse stub (aten/src/ATen/native/sparse/SparseStubs.h, not among the installed headers), declared as
+// ATen declares it: the symbol is exported by libtorch_cpu.
+namespace at::native {
+using flatten_indices_fn = at::Tensor (*)(const at::Tensor& indices, at::IntArrayRef size);
+DECLARE_DISPATCH(flatten_indices_fn, flatten_indices_stub)
+}  // namespace at::native
+
 namespace tnl {
 namespace {
 
@@ -2880,7 +2887,47 @@ at::Tensor& kaiser_periodic_out(int64_t n, bool periodic, at::Tensor& out) {
 }
 at::Tensor& kaiser_plain_out(int64_t n, at::Tensor& out) { return kaiser_beta_out(n, true, 12.0, out); }
 
+// mode(..., out=(values, indices)): its only kernel is a composite that refuses every device but CPU, CUDA and
+// XPU ("mode only supports CPU, CUDA and XPU device type, got: neuron"; the functional form works). Here the
+// composite's other checks, in its order and words, then the functional result copied into the outputs.
+std::tuple<at::Tensor&, at::Tensor&> mode_values(const at::Tensor& self, int64_t dim, bool keepdim,
+                                                 at::Tensor& values, at::Tensor& indices) {
+  TORCH_CHECK(self.layout() == at::Layout::Strided, "mode only supports strided layout, got: ", self.layout());
+  TORCH_CHECK(self.device() == values.device(), "expected device '", self.device(), "' but got '",
+              values.device(), "' for values output");
+  TORCH_CHECK(self.device() == indices.device(), "expected device '", self.device(), "' but got '",
+              indices.device(), "' for indices output");
+  TORCH_CHECK(self.scalar_type() == values.scalar_type(), "expected scalar type '", self.scalar_type(),
+              "' but got '", values.scalar_type(), "' for values output");
+  TORCH_CHECK(indices.scalar_type() == at::ScalarType::Long, "expected scalar type '", at::ScalarType::Long,
+              "' but got '", indices.scalar_type(), "' for indices output");
+  auto [v, i] = at::mode(self, dim, keepdim);
+  at::native::resize_output(values, v.sizes());
+  at::native::resize_output(indices, i.sizes());
+  values.copy_(v);
+  indices.copy_(i);
+  return std::forward_as_tuple(values, indices);
+}
+
+// flatten_indices_stub: called on the indices' device by sparse COO argument checks
+// (torch.sparse_coo_tensor(..., is_coalesced=True, check_invariants=True), _validate_sparse_coo_tensor_args),
+// from code that calls the stub directly, not through the dispatcher: "DispatchStub: missing kernel for neuron".
+// Composed on the device from ATen ops as the CPU kernel computes it (row-major linear index of each column of
+// `indices` in `size`, int64; ATen's stub is not callable from outside libtorch); the check then goes on, and a
+// sparse tensor on neuron is refused as every other way of making one.
+at::Tensor flatten_indices_neuron(const at::Tensor& indices, at::IntArrayRef size) {
+  TORCH_CHECK(indices.dim() > 1 && static_cast<size_t>(indices.size(0)) == size.size(),
+              "flatten_indices(): the dimensionality of sparse `indices` and the length of `size` must match. ",
+              "Got `indices.size(0) == ", indices.size(0), "` != `size.size() == ", size.size(), "`.");
+  const auto strides = c10::contiguous_strides(size);
+  const at::Tensor coeffs = at::tensor(std::vector<int64_t>(strides.begin(), strides.end()), at::kLong)
+                                .to(indices.device())
+                                .unsqueeze(1);
+  return (indices.to(at::kLong) * coeffs).sum(0);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("mode.values", mode_values);
   m.impl("kaiser_window", kaiser_plain);
   m.impl("kaiser_window.periodic", kaiser_periodic);
   m.impl("kaiser_window.beta", kaiser_beta);
@@ -2949,6 +2996,10 @@ void set_native_functions_yaml(const std::string& path) {
 }
 
 }  // namespace tnl
+
+namespace at::native {
+REGISTER_PRIVATEUSE1_DISPATCH(flatten_indices_stub, &tnl::flatten_indices_neuron)
+}  // namespace at::native
 
 namespace tnl {
 
