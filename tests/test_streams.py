@@ -191,20 +191,26 @@ def test_event_time_agrees_with_the_recorder() -> None:
     from torchneuron_lab.device import recorder
 
     x = torch.randn(512, 512, device="neuron")
-    start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
-    recorder.start(1000)
-    try:
-        start.record()
-        y = x @ x
-        end.record()
-        end.synchronize()
-    finally:
-        recorder.stop()
-    kernels = [e for e in recorder.read().events if e.name == "aten::mm"]
-    assert len(kernels) == 1
-    ms = start.elapsed_time(end)
-    assert ms >= kernels[0].dur_ns / 1e6
-    assert ms == pytest.approx(kernels[0].dur_ns / 1e6, rel=0.5, abs=0.5)
+    (x @ x).sum().item()  # the first mm of the process starts MKL's threads: not what the events time
+    pairs = []
+    for _ in range(3):  # a busy machine may stop the worker between an event and the kernel: up to 3 tries
+        start, end = torch.neuron.Event(enable_timing=True), torch.neuron.Event(enable_timing=True)
+        recorder.start(1000)
+        try:
+            start.record()
+            y = x @ x
+            end.record()
+            end.synchronize()
+        finally:
+            recorder.stop()
+        kernels = [e for e in recorder.read().events if e.name == "aten::mm"]
+        assert len(kernels) == 1
+        ms, kernel_ms = start.elapsed_time(end), kernels[0].dur_ns / 1e6
+        assert ms >= kernel_ms  # the events bracket the kernel, every time
+        pairs.append((ms, kernel_ms))
+        if ms == pytest.approx(kernel_ms, rel=0.5, abs=0.5):
+            break
+    assert pairs[-1][0] == pytest.approx(pairs[-1][1], rel=0.5, abs=0.5), pairs
     del y
 
 
