@@ -429,7 +429,7 @@ def lane_utilization(
     unrecorded: tuple[int, int] | None = None,
 ) -> list[dict[str, Any]]:
     """Per lane: ``device``, ``engine``, ``count``, ``busy_ns`` (union of intervals), ``span_ns``
-    (first start to last end), ``idle_ns`` (span minus busy), ``unrecorded_ns`` and ``utilization``
+    (first start to last end), ``idle_ns`` (span minus busy and unrecorded), ``unrecorded_ns`` and ``utilization``
     (busy / recorded time; None for a zero span), ordered by device then engine.
 
     A recording that dropped events (``unrecorded``: :func:`unrecorded_window`, found on a :class:`Trace` by
