@@ -136,5 +136,6 @@ def test_blocks_count_page_faults_and_retain_keeps_freed_memory() -> None:
     """)
     pages = (48 << 20) // 4096
     assert len(out["mapped"]) == 3 and min(out["mapped"]) >= 0.9 * pages, out
-    assert len(out["kept"]) == 3 and sorted(out["kept"])[1] <= 50, out  # the median (the first block may still grow the heap)
+    # the last block: the first two may still grow the heap (CI once saw [6144, 1536, 0])
+    assert len(out["kept"]) == 3 and out["kept"][-1] <= 50 and max(out["kept"]) < 0.6 * pages, out
     assert out["modes"] == ["default", "retain"]
