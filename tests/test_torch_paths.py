@@ -241,6 +241,56 @@ def test_queued_host_to_device_copy_takes_the_pinned_sources_layout_at_the_launc
     assert d3.tolist() == list(range(8))
 
 
+def _index_programs(device: str) -> dict[str, Any]:
+    """Advanced indexing with CPU index/mask tensors the host changes right after each call."""
+    out: dict[str, Any] = {}
+    for rep in range(3):  # the first call of a signature runs checked on the host; later ones are queued
+        x = torch.arange(10.0, device=device)
+        i = torch.tensor([0, 1, 2])
+        _busy() if device == "neuron" else None
+        g = x[i]
+        i.fill_(9)
+        out[f"x[i] {rep}"] = g.tolist()
+        x = torch.zeros(10, device=device)
+        i = torch.tensor([0, 1, 2])
+        _busy() if device == "neuron" else None
+        x[i] = 1.0
+        i.fill_(9)
+        out[f"x[i] = 1 {rep}"] = x.tolist()
+        x = torch.zeros(10, device=device)
+        i = torch.tensor([0, 0, 2])
+        _busy() if device == "neuron" else None
+        x.index_put_((i,), torch.ones(3, device=device), accumulate=True)
+        i.fill_(9)
+        out[f"index_put_ {rep}"] = x.tolist()
+        x = torch.arange(20.0, device=device).reshape(4, 5)
+        i, j = torch.tensor([0, 3]), torch.tensor([1, 4])
+        _busy() if device == "neuron" else None
+        g = x[i, j]
+        i.zero_()
+        j.zero_()
+        out[f"x[i, j] {rep}"] = g.tolist()
+        x = torch.zeros(5, device=device)
+        m = torch.tensor([True, False, True, False, False])
+        _busy() if device == "neuron" else None
+        x[m] = 1.0
+        m.fill_(True)
+        out[f"x[mask] = 1 {rep}"] = x.tolist()
+        x = torch.arange(5.0, device=device)
+        m = torch.tensor([True, False, True, False, False])
+        _busy() if device == "neuron" else None
+        g = x[m]
+        m.fill_(True)
+        out[f"x[mask] {rep}"] = g.tolist()
+    return out
+
+
+def test_cpu_indices_in_a_list_argument_are_read_at_the_call() -> None:
+    # CUDA copies CPU index tensors to the device at the call; the queued kernel read the host's
+    # tensor when it ran (x[i] gave [9, 9, 9]; x[mask] raised a size error at the next sync)
+    assert _index_programs("neuron") == _index_programs("cpu")
+
+
 def test_queued_device_to_host_copy_writes_where_the_launch_said() -> None:
     src = torch.arange(16.0).reshape(4, 4)
     s = src.to("neuron")

@@ -1512,14 +1512,34 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
 
   // The kernel's arguments: CPU aliases; CPU tensors (scalars) are copied now, as a launch copies its
   // arguments, so the host may change them afterwards.
+  // That holds for CPU tensors inside list arguments too: `x[i]`, `x[mask] = v` and `index_put_` take
+  // their CPU indices and masks as a `Tensor?[]`.
   std::vector<c10::IValue> args(stack->begin() + static_cast<std::ptrdiff_t>(base), stack->end());
+  auto host_owned = [&](const at::Tensor& t) {
+    // (a wrapped Python number is the binding's own temporary: nobody else can change it)
+    return t.defined() && t.is_cpu() && alias_index(t) < 0 && !t._is_zerotensor() &&
+           !t.unsafeGetTensorImpl()->is_wrapped_number();
+  };
   for (c10::IValue& v : args) {
     if (v.isTensor()) {
-      const at::Tensor& t = v.toTensor();
-      // (a wrapped Python number is the binding's own temporary: nobody else can change it)
-      if (t.defined() && t.is_cpu() && alias_index(t) < 0 && !t._is_zerotensor() &&
-          !t.unsafeGetTensorImpl()->is_wrapped_number())
-        v = t.clone();
+      if (host_owned(v.toTensor())) v = v.toTensor().clone();
+    } else if (v.isTensorList()) {
+      const c10::List<at::Tensor> l = v.toTensorList();
+      if (std::none_of(l.begin(), l.end(), [&](const at::Tensor& t) { return host_owned(t); })) continue;
+      c10::List<at::Tensor> copy;
+      copy.reserve(l.size());
+      for (const at::Tensor& t : l) copy.push_back(host_owned(t) ? t.clone() : t);
+      v = std::move(copy);
+    } else if (v.isOptionalTensorList()) {
+      const c10::List<std::optional<at::Tensor>> l = v.toOptionalTensorList();
+      bool any = false;
+      for (const std::optional<at::Tensor>& t : l) any = any || (t.has_value() && host_owned(*t));
+      if (!any) continue;
+      c10::List<std::optional<at::Tensor>> copy;
+      copy.reserve(l.size());
+      for (const std::optional<at::Tensor>& t : l)
+        copy.push_back(t.has_value() && host_owned(*t) ? std::optional<at::Tensor>(t->clone()) : t);
+      v = std::move(copy);
     }
   }
   const bool use_out = meta.out_op.has_value() && outs.size() == nret;
