@@ -326,3 +326,45 @@ emit(facts)
 """,
         check,
     )
+
+
+def test_set_num_threads_and_flush_denormal_reach_the_device_after_it_ran() -> None:
+    # Both are per-thread state in ATen: a worker that had run a parallel kernel kept its first thread count
+    # (a 3M-element sum stopped being CPU's after torch.set_num_threads), and its flush-denormal mode.
+    facts = run_child(
+        """
+import torch
+import torchneuron_lab  # noqa: F401
+
+torch.manual_seed(0)
+v = torch.randn(3_000_001)
+vn = v.to("neuron")
+facts = {"sums": []}
+for n in (2, 1, 3, 2, 3, 1):
+    torch.set_num_threads(n)
+    c = v.sum()
+    d = vn.sum()
+    e = vn.sum()                               # the second launch of the plan: queued, on the worker
+    facts["sums"].append([n, c.item(), d.item(), e.item()])
+tiny = torch.tensor([1e-39, 1e-40, 1.0])
+tn = tiny.to("neuron")
+facts["denormal"] = []
+for mode in (True, False, True):
+    torch.set_flush_denormal(mode)
+    c = (tiny * 1e30).tolist()
+    tn * 1e30
+    d = (tn * 1e30).tolist()                   # queued
+    facts["denormal"].append([mode, c, d])
+torch.set_flush_denormal(False)
+facts["wrapped"] = torch.set_num_threads.__name__
+emit(facts)
+""",
+        outcomes=True,
+    )
+    for n, cpu, first, queued in facts["sums"]:
+        assert first == cpu and queued == cpu, (n, cpu, first, queued)
+    assert len({cpu for _, cpu, _, _ in facts["sums"]}) >= 2  # the thread count does change CPU's sum
+    for mode, cpu, dev in facts["denormal"]:
+        assert dev == cpu, (mode, cpu, dev)
+        assert (cpu[0] == 0.0) == mode
+    assert facts["wrapped"] == "set_num_threads"

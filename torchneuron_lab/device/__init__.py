@@ -204,4 +204,36 @@ def register() -> None:
         from . import _jagged_sdpa
 
         _jagged_sdpa.install()  # SDPA on jagged nested tensors on neuron (torch's math path needs strided ones)
+        _follow_host_cpu_settings(torch, C)
         _registered = True
+
+
+def _follow_host_cpu_settings(torch: Any, C: Any) -> None:
+    """Make ``torch.set_num_threads`` and ``torch.set_flush_denormal`` reach the device's threads.
+
+    Both settings are per thread in ATen (a thread takes the intra-op thread count once, at its first parallel
+    region; flush-denormal is a register of the thread that sets it), so a worker that had run a kernel kept
+    the old ones and its reductions stopped being CPU's. Each call is recorded with the device, and a thread
+    adopts the new values before its next kernel (``adopt_host_cpu_settings`` in csrc/queue.cpp).
+    """
+    import functools
+
+    if getattr(torch.set_num_threads, "_tnl_follows", False):
+        return
+    set_num_threads, set_flush_denormal = torch.set_num_threads, torch.set_flush_denormal
+
+    @functools.wraps(set_num_threads)
+    def _set_num_threads(n: int, /) -> None:
+        set_num_threads(n)
+        C.set_host_cpu_settings(torch.get_num_threads(), -1)
+
+    @functools.wraps(set_flush_denormal)
+    def _set_flush_denormal(mode: Any) -> bool:
+        supported = set_flush_denormal(mode)
+        if supported:
+            C.set_host_cpu_settings(0, 1 if mode else 0)
+        return supported
+
+    _set_num_threads._tnl_follows = True  # type: ignore[attr-defined]
+    torch.set_num_threads = _set_num_threads
+    torch.set_flush_denormal = _set_flush_denormal

@@ -592,6 +592,7 @@ void init_module(py::module& m) {
   m.def("synchronize_stream", [](int d, int s) { synchronize_stream(d, s, "sync: Stream.synchronize()"); });
   m.def("launch_blocking", &launch_blocking);
   m.def("set_launch_blocking", &set_launch_blocking);
+  m.def("set_host_cpu_settings", &set_host_cpu_settings, py::arg("threads"), py::arg("flush_denormal"));
   m.def("current_stream", [](int d) {
     check_device_index(d);
     return current_stream(d);

@@ -1615,6 +1615,7 @@ bool touches_no_device_bytes(const CallState& cs) {
 
 void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
   check_not_in_bad_fork();
+  adopt_host_cpu_settings();  // a kernel this thread runs on the host (an autograd thread's too)
   const OpMeta& meta = op_meta(op);
   const auto& schema = op.schema();
   const size_t nargs = schema.arguments().size();
@@ -3105,6 +3106,7 @@ struct HostCall::Impl {
 };
 
 HostCall::HostCall(int device, bool wait) : impl_(new Impl()), device_(device) {
+  adopt_host_cpu_settings();
   check_not_in_bad_fork();
   check_device_index(device);
   // Host code runs after the kernels launched before it (recorded only if the host had to wait).

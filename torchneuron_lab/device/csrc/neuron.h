@@ -286,6 +286,11 @@ void stamp_launcher(Launch& l);
 // torch's native_functions.yaml: which ops CUDA registers with a device check (kernels.cpp, exact_device_ops).
 void set_native_functions_yaml(const std::string& path);
 uint64_t worker_position();
+// The CPU settings torch keeps per thread, as the user last set them through torch (device/__init__.py
+// wraps torch.set_num_threads and torch.set_flush_denormal): intra-op threads (0: never set) and
+// flush-denormal (-1: never set). A thread adopts them before it runs a kernel (adopt_host_cpu_settings).
+void set_host_cpu_settings(int threads, int flush_denormal);
+void adopt_host_cpu_settings();
 // What a compiled graph's host code is launching (graphs.cpp): while it runs, the kernels it launches
 // (its fused kernels and the ATen ops it calls) are recorded with the graph's registry id, and a call the
 // graph's code names ("extern: aten::mm") under that name. -1: none (eager code).

@@ -16,6 +16,8 @@
 
 #include <Python.h>
 #include <torch/csrc/Exceptions.h>
+#include <ATen/Context.h>
+#include <ATen/Parallel.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <c10/util/Exception.h>
 
@@ -470,6 +472,7 @@ void worker_main(StreamQueue* s) {
       if (w.run && launch_dropped(w.launch)) w.run = nullptr;
       tls_worker_pos = s->completed.load(std::memory_order_relaxed) + 1;
       try {
+        adopt_host_cpu_settings();
         if (w.run) w.run(w.launch);  // dropped work (Ctrl-C) only advances the stream
       } catch (const c10::IndexError& e) {
         note_error(*s, w, e.what_without_backtrace(), ErrorClass::Index);
@@ -959,6 +962,36 @@ void stamp_launcher(Launch& l) {
 
 int worker_stream() { return tls_worker_stream; }
 uint64_t worker_position() { return tls_worker_pos; }
+
+// ATen takes the process's intra-op thread count into a thread once, at its first parallel region (an
+// OpenMP ICV and MKL's thread-local count), and flush-denormal is a register of the thread that set it:
+// `torch.set_num_threads(1)` after a worker's first parallel kernel left the worker at 2 threads, so a
+// reduction partitioned by thread count was no longer CPU's (found by the sixth hostile review). The
+// Python wrappers record each setting here; a thread that runs kernels (a worker before each kernel, a
+// host thread in the fallback) takes it when it changed: two relaxed loads when it did not.
+std::atomic<int> g_cpu_threads{0};
+std::atomic<int> g_cpu_flush_denormal{-1};
+thread_local int tls_cpu_threads = 0;
+thread_local int tls_cpu_flush_denormal = -1;
+
+void set_host_cpu_settings(int threads, int flush_denormal) {
+  if (threads > 0) g_cpu_threads.store(threads, std::memory_order_relaxed);
+  if (flush_denormal >= 0) g_cpu_flush_denormal.store(flush_denormal ? 1 : 0, std::memory_order_relaxed);
+}
+
+void adopt_host_cpu_settings() {
+  const int n = g_cpu_threads.load(std::memory_order_relaxed);
+  const int fd = g_cpu_flush_denormal.load(std::memory_order_relaxed);
+  if ((n == tls_cpu_threads && fd == tls_cpu_flush_denormal) || at::in_parallel_region()) return;
+  if (n > 0 && n != tls_cpu_threads) {
+    at::set_num_threads(n);
+    tls_cpu_threads = n;
+  }
+  if (fd >= 0 && fd != tls_cpu_flush_denormal) {
+    at::globalContext().setFlushDenormal(fd == 1);
+    tls_cpu_flush_denormal = fd;
+  }
+}
 
 namespace {
 std::mutex g_events_mu;
