@@ -487,3 +487,31 @@ emit(facts)
     assert facts["while_events_recorded"] == 1, facts  # its events still name the frames that launched
     assert facts["after_clear"] == 0, facts
     assert facts["value"] is True
+
+
+@torch.library.custom_op("tnltest::scale_on_neuron", mutates_args=(), device_types="neuron")
+def _scale_on_neuron(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return x * s
+
+
+@_scale_on_neuron.register_fake
+def _(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def test_a_graph_with_a_cpu_scalar_input_queues_and_takes_its_value_at_the_call() -> None:
+    # A CPU 0-dim input (an lr tensor, torch.tensor(2.)) made the graph run as host code: it waited for the
+    # stream, and a custom op registered for neuron only got CPU aliases ("Could not run ... 'CPU' backend").
+    n = len(registry.records())
+    fn = torch.compile(lambda x, s: torch.ops.tnltest.scale_on_neuron(x, s) + s, backend="neuron", fullgraph=True)
+    x = torch.arange(6.0, device="neuron")
+    outs = []
+    for v in (2.0, 3.0, 5.0):
+        s = torch.tensor(v)
+        torch.neuron._sleep(30)  # the stream is busy: the graph's kernels run after the call returned
+        with recorder.record() as box:
+            outs.append(fn(x, s))
+        s.fill_(100.0)  # after the call: the graph read the value it was called with
+        assert not [e for e in box[0].events if e.kind == "sync" and e.dur_ns > 0]  # the host did not wait
+    assert [o.tolist() for o in outs] == [[i * v + v for i in range(6)] for v in (2.0, 3.0, 5.0)]
+    assert [r.launch for r in new_records(n)] == ["queued"]

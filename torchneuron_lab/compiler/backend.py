@@ -640,13 +640,19 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     cpu_outs = [i for i, d in enumerate(out_devices) if d is not None and d.type == "cpu"]
     moved = [(i, d) for i, d in enumerate(out_devices) if d is not None and d.type == DEVICE_TYPE
              and d != here]
+    # CPU 0-dim inputs (a scalar the user keeps on the host: an lr tensor, torch.tensor(2.)) go to the device
+    # with the call, as a queued copy of the value at the call: the graph still queues. (As host code, the
+    # graph waited for the stream, and an op registered for neuron only got CPU aliases and failed.)
+    scalars = [i for i, t in enumerate(example_inputs)
+               if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0]
     queued: tuple[Any, Any] | str = "inputs or outputs off the device"
     if not (bad_devices or cpu_outs or moved or rt.devices - {device} or any(
-            isinstance(t, torch.Tensor) and t.device != here for t in example_inputs)):
+            isinstance(t, torch.Tensor) and t.device != here and i not in scalars
+            for i, t in enumerate(example_inputs))):
         queued = _queued_callables(compiled, kernels, device)
     rec.launch = queued if isinstance(queued, str) else "queued"
     return _NeuronCode(compiled, rec, device, bad_devices, cpu_outs, moved, timing, seeded,
-                       queued if isinstance(queued, tuple) else None)
+                       queued if isinstance(queued, tuple) else None, scalars)
 
 
 def _kernel_arg_types(src: str) -> dict[str, list[str]]:
@@ -764,8 +770,10 @@ class _NeuronCode:
 
     def __init__(self, compiled: Any, rec: SubgraphRecord, device: int, bad_devices: list[int],
                  cpu_outs: list[int], moved: list[tuple[int, torch.device]], timing: _Timing | None = None,
-                 seeded: bool = False, queued: tuple[Any, Any] | None = None) -> None:
+                 seeded: bool = False, queued: tuple[Any, Any] | None = None,
+                 scalars: Sequence[int] = ()) -> None:
         self._boxed_call = True  # in __dict__ too: AOTAutograd's functools.wraps copies only that
+        self.scalars = tuple(scalars) if queued is not None else ()  # CPU 0-dim inputs of a queued graph
         self.compiled = compiled
         self.rec = rec
         self.device = device
@@ -791,6 +799,12 @@ class _NeuronCode:
         on = self._recording()
         if self.queued is not None:
             C = lib()
+            if self.scalars:
+                here = torch.device(DEVICE_TYPE, self.device)
+                for i in self.scalars:
+                    a = args[i]
+                    if isinstance(a, torch.Tensor) and a.device.type == "cpu":
+                        args[i] = a.to(here, non_blocking=True)  # the value at the call (a queued copy)
             prev = C.set_launch_subgraph(self.rec.id)
             try:
                 return self.queued[1 if on else 0](args)
