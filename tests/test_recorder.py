@@ -488,10 +488,17 @@ _FIRST_OP = """
 
 def test_first_kernel_with_the_recorder_on_costs_about_what_it_costs_off() -> None:
     # Before: the first kernel of a recording zeroed the whole 1M-event ring (~190 ms vs ~10 ms off).
-    off = run_child(_FIRST_OP.format(on=False))
-    on = run_child(_FIRST_OP.format(on=True))
-    assert off["events"] == 0 and on["events"] == 1
-    assert on["first_s"] < 5 * off["first_s"] + 0.005, (on, off)
+    # One process per side and try, the quicker of up to 3 tries each: a single first call is a few ms, and
+    # one preempted by a busy machine read 12 ms (CI's runs share 2 cores); the regression was ~190 ms.
+    offs, ons = [], []
+    for _ in range(3):
+        offs.append(run_child(_FIRST_OP.format(on=False)))
+        ons.append(run_child(_FIRST_OP.format(on=True)))
+        assert offs[-1]["events"] == 0 and ons[-1]["events"] == 1
+        off, on = min(o["first_s"] for o in offs), min(o["first_s"] for o in ons)
+        if on < 5 * off + 0.005:
+            break
+    assert on < 5 * off + 0.005, (ons, offs)
 
 
 _FIRST_META = """
