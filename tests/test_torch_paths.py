@@ -358,6 +358,43 @@ def test_torch_compile_default_backend_on_neuron_tensors_runs_the_neuron_backend
         torch.compile(f, options={"bogus": 1})(torch.ones(5, device="neuron"))
 
 
+def test_torch_compile_default_backend_on_graphs_that_make_neuron_tensors_without_neuron_inputs() -> None:
+    # Only inputs, parameters and buffers were looked at: a graph that makes neuron tensors itself (a factory,
+    # flex attention's create_block_mask(..., device="neuron", _compile=True)) or moves a CPU input to neuron
+    # went to Inductor: "No interface for device neuron" / KeyError: 'neuron'. CUDA's default backend compiles both.
+    from torchneuron_lab.compiler import registry
+
+    def factory(n: int) -> torch.Tensor:
+        return (torch.arange(n, device="neuron") * 2).sum()
+
+    def moved(x: torch.Tensor) -> torch.Tensor:
+        return (x.to("neuron") * 2).sin()
+
+    def round_trip(x: torch.Tensor) -> torch.Tensor:  # a CPU result, computed through the device
+        return (x.to("neuron") + 1).cpu() * 3
+
+    n0 = len(registry.records())
+    got = torch.compile(factory, dynamic=False)(128)
+    assert got.device.type == "neuron" and got.item() == 2 * sum(range(128))
+    x = torch.linspace(-2, 2, 16)
+    got = torch.compile(moved)(x)
+    assert got.device.type == "neuron"
+    torch.testing.assert_close(got.cpu(), torch.compile(lambda t: (t * 2).sin())(x))  # Inductor on the CPU
+    got = torch.compile(round_trip)(x)
+    assert got.device.type == "cpu" and torch.equal(got, (x + 1) * 3)
+    assert len(registry.records()) - n0 >= 3  # each went to the neuron backend
+
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(b: Any, h: Any, q: Any, kv: Any) -> Any:
+        return q >= kv
+
+    bm = create_block_mask(causal, 1, None, 256, 256, device="neuron", _compile=True)
+    ref = create_block_mask(causal, 1, None, 256, 256, device="cpu", _compile=False)
+    assert bm.kv_num_blocks.device.type == "neuron"
+    assert torch.equal(bm.to_dense().cpu(), ref.to_dense())
+
+
 def test_dynamo_device_interface_streams_are_torch_neuron_streams() -> None:
     from torch._dynamo.device_interface import get_interface_for_device
 

@@ -3,8 +3,10 @@
 ``torch.compile(model)`` means ``backend="inductor"``, and Inductor generates code only for devices it has
 backends for: a graph on neuron tensors failed with ``InductorError: KeyError: 'neuron'`` (what a user types
 first; CUDA's default works). Inductor's ``torch.compile`` wrapper (``torch._TorchCompileInductorWrapper``,
-which holds the ``mode=``/``options=`` config) hands a graph whose inputs, parameters or buffers are on
-neuron to the lab's backend instead -- Inductor's own ``compile_fx`` pipeline with the emulated device's
+which holds the ``mode=``/``options=`` config) hands a graph that computes on neuron -- inputs, parameters or
+buffers on neuron, or a node whose value is a neuron tensor (a factory with ``device="neuron"``, a CPU input
+moved to neuron, flex attention's ``create_block_mask(..., device="neuron", _compile=True)``) -- to the lab's
+backend instead -- Inductor's own ``compile_fx`` pipeline with the emulated device's
 runtime around it, the same as ``backend="neuron"`` with that config. Graphs on other devices go to Inductor
 unchanged. Installed when the device is registered (no import of Dynamo or Inductor here).
 """
@@ -24,8 +26,19 @@ def _on_neuron(model: Any, inputs: Any) -> bool:
 
     if any(neuron(x) for x in inputs):
         return True
-    if isinstance(model, torch.nn.Module):
-        return any(neuron(p) for p in model.parameters()) or any(neuron(b) for b in model.buffers())
+    if isinstance(model, torch.nn.Module) and (
+        any(neuron(p) for p in model.parameters()) or any(neuron(b) for b in model.buffers())
+    ):
+        return True
+    graph = getattr(model, "graph", None)
+    if isinstance(graph, torch.fx.Graph):
+        # Dynamo's nodes carry their (fake) values: any neuron value means Inductor would lower for neuron
+        from torch.utils._pytree import tree_leaves
+
+        for node in graph.nodes:
+            for key in ("example_value", "val"):
+                if any(neuron(v) for v in tree_leaves(node.meta.get(key))):
+                    return True
     return False
 
 

@@ -878,6 +878,9 @@ def compile_for_neuron(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
     register_backend()
     if _synchronizes_in_graph(gm):
         return gm.forward
+    from .. import _flex_attention
+
+    _flex_attention.math_for_training(gm)  # Inductor's CPU flex template is inference-only
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx
