@@ -278,6 +278,41 @@ def test_a_kernel_error_is_raised_at_the_next_sync_with_its_launch_line() -> Non
     assert (torch.ones(2, device="neuron") * 3).tolist() == [3.0, 3.0]
 
 
+@pytest.mark.parametrize("end", ["normal", "sys.exit(7)", "uncaught", "synchronized"])
+def test_a_kernel_error_pending_at_exit_is_printed_once(tmp_path: Path, end: str) -> None:
+    # The program ended before its next sync: the error vanished with the process (rc 0, nothing on stderr).
+    script = tmp_path / "pending.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, torch, torchneuron_lab
+        from torchneuron_lab.device._backend import lib
+        x = torch.randn(10, device="neuron")
+        good = torch.zeros(4, dtype=torch.long, device="neuron")
+        torch.gather(x, 0, good)  # the first launch of the signature runs on the host
+        lib().sleep(0, 100)
+        y = torch.gather(x, 0, torch.full((4,), 10**6, device="neuron"))  # the bad launch, queued
+        end = {end!r}
+        if end == "sys.exit(7)":
+            sys.exit(7)
+        if end == "uncaught":
+            raise KeyError("mine")
+        if end == "synchronized":
+            try:
+                torch.neuron.synchronize()
+            except RuntimeError as e:
+                print("raised:", str(e).splitlines()[1])
+        """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == {"normal": 0, "sys.exit(7)": 7, "uncaught": 1, "synchronized": 0}[end], proc.stderr
+    reports = proc.stderr.count("at exit, a kernel error no synchronisation had reported")
+    if end == "synchronized":
+        assert reports == 0 and "raised: index 1000000 is out of bounds" in proc.stdout, proc.stderr
+        return
+    assert reports == 1, proc.stderr
+    assert f"asynchronous error in aten::gather launched at {script}:8" in proc.stderr, proc.stderr
+    assert "index 1000000 is out of bounds for dimension 0 with size 10" in proc.stderr
+    assert (end == "uncaught") == ("KeyError: 'mine'" in proc.stderr)
+
+
 def test_launch_blocking_raises_at_the_launch() -> None:
     C.set_launch_blocking(True)
     src = torch.randn(3, device="neuron")

@@ -238,6 +238,30 @@ def _drain_at_exit() -> None:  # kernels still queued finish before the interpre
         _lib().drain()
     except Exception:  # noqa: BLE001, S110 - exit must not fail
         pass
+    _report_pending_errors_at_exit()
+
+
+def _report_pending_errors_at_exit() -> None:
+    """A kernel error that no synchronisation raised (the program ended before its next sync) is printed once
+    on stderr, as CUDA prints a pending device error at teardown, instead of vanishing with the process."""
+    import sys
+
+    try:
+        C = _lib()
+        if not C.runtime_started() or C.in_bad_fork():
+            return
+        devices = range(int(C.device_count()))
+    except Exception:  # noqa: BLE001 - exit must not fail
+        return
+    for d in devices:
+        try:
+            C.synchronize(d)
+        except Exception as e:  # noqa: BLE001 - reported, exit must not fail
+            try:
+                sys.stderr.write(f"torchneuron_lab: at exit, a kernel error no synchronisation had reported:\n{e}\n")
+                sys.stderr.flush()
+            except Exception:  # noqa: BLE001, S110 - stderr closed
+                pass
 
 
 atexit.register(_drain_at_exit)
