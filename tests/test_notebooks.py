@@ -151,10 +151,10 @@ def test_05_transformer(tmp_path: Path) -> None:
     text, _ = execute("05_transformer.ipynb", tmp_path)
     m = _BIT_FOR_BIT.search(text)
     if m and m.group(1) != m.group(2):
-        # Known, open (README, Limitations): in about 1 kernel in 8 started by the machine's own Python (IPython
-        # 8.12), the notebook's CPU run gave a different third loss (4.840679 where every other run, eager
-        # neuron and compiled included, gave 4.840678); never seen in plain scripts or CPU-only kernels (30
-        # processes). A second, fresh kernel must then be bit-for-bit equal.
+        # Known, open (README, Limitations): in a few fresh kernels (2 in 124 running the CPU part alone), the
+        # notebook's CPU run gives one other set of trained parameters (third loss 4.840679 where every other
+        # run, eager neuron and compiled included, gives 4.840678); not MKL's dynamic threading. A second,
+        # fresh kernel must then be bit-for-bit equal.
         text, _ = execute("05_transformer.ipynb", tmp_path)
     rows = {}
     for label in ("cpu", "eager", "compiled"):
