@@ -119,6 +119,9 @@ def test_hugging_face_llama_trains_with_flex_attention_on_neuron(monkeypatch: py
         loss = model(input_ids=ids.to(device), labels=ids.to(device)).loss
         loss.backward()
         results[impl] = (loss.detach().cpu(), [p.grad.cpu() for p in model.parameters()])
+        model.eval()
+        results[impl + " tokens"] = model.generate(ids[:, :8].to(device), max_new_tokens=5, do_sample=False).tolist()
+    assert results["flex_attention tokens"] == results["sdpa tokens"]
     torch.testing.assert_close(results["flex_attention"][0], results["sdpa"][0], rtol=1e-5, atol=1e-6)
     for got, want in zip(results["flex_attention"][1], results["sdpa"][1]):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
