@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import torchneuron_lab  # noqa: F401  (registers the device)
 from torchneuron_lab.compiler import signatures
@@ -234,6 +235,64 @@ def test_a_kernel_whose_layout_differs_from_its_meta_kernels_launches_with_the_c
     assert syncs == ["sync: torch.neuron.synchronize()"]
     assert got.stride() == want.stride() == (2048, 1, 128, 8)
     assert torch.equal(got.cpu(), want)
+
+
+def _odd(shape: tuple[int, ...], strides: tuple[int, ...], seed: int) -> torch.Tensor:
+    # a dense tensor whose size-1 dims have channels-last-like strides (what adaptive_avg_pool2d(cl, 1) returns)
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).as_strided(shape, strides)
+
+
+def _w(*shape: int, seed: int = 11) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+_SIZE_ONE_STRIDE_CASES = {
+    "conv2d channels-last to 1x1": (F.conv2d, [_odd((2, 16, 1, 1), (16, 1, 16, 16), 1), _w(8, 16, 1, 1)]),
+    "conv2d 3x3 to 1x1": (F.conv2d, [_w(1, 8, 3, 3).contiguous(memory_format=torch.channels_last), _w(8, 8, 3, 3)]),
+    "conv1d L=1": (F.conv1d, [_odd((2, 8, 1), (8, 1, 8), 2), _w(4, 8, 1)]),
+    "conv_transpose2d": (F.conv_transpose2d, [_odd((2, 16, 1, 1), (16, 1, 16, 16), 3), _w(16, 4, 1, 1)]),
+    "sdpa query length 1": (F.scaled_dot_product_attention, [_odd((2, 4, 1, 8), (32, 8, 32, 1), 4),
+                                                             _w(2, 4, 6, 8), _w(2, 4, 6, 8, seed=12)]),
+    "layer_norm": (lambda x: F.layer_norm(x, (8,)), [_odd((2, 1, 8), (8, 1, 1), 5)]),
+    "batch_norm training": (lambda x: F.batch_norm(x, None, None, training=True),
+                            [_odd((2, 16, 1, 1), (16, 1, 16, 16), 6)]),
+    "interpolate bilinear": (lambda x: F.interpolate(x, size=(1, 1), mode="bilinear"),
+                             [_w(2, 16, 4, 4).contiguous(memory_format=torch.channels_last)]),
+    "a + 1": (lambda x: x + 1, [_odd((2, 16, 1, 1), (16, 1, 16, 16), 7)]),
+    "clone": (lambda x: x.clone(), [_odd((2, 16, 1, 1), (16, 1, 16, 16), 8)]),
+}
+
+
+@pytest.mark.parametrize("name", list(_SIZE_ONE_STRIDE_CASES))
+def test_outputs_keep_the_cpus_strides_of_size_one_dims_at_every_call(name: str) -> None:
+    # Plans compared strides of dims > 1 only: the first call had the CPU kernel's strides, every later one the
+    # Meta kernel's ((16, 1, 16, 16) became (16, 1, 1, 1)). Kernels choose their path by strides (a tensor's
+    # suggested memory format), so a later native_batch_norm_backward gave other bits than CPU's (UperNet's
+    # gradients): the strides must be CPU's at every call.
+    f, args = _SIZE_ONE_STRIDE_CASES[name]
+    want = f(*args)
+    dev = [a.to("neuron") for a in args]
+    for call in range(4):
+        got = f(*dev)
+        assert got.stride() == want.stride(), (call, got.stride(), want.stride())
+        assert torch.equal(got.cpu(), want), call
+
+
+def test_batch_norm_backward_after_a_1x1_convolution_is_cpus_at_every_call() -> None:
+    x = _odd((2, 16, 1, 1), (16, 1, 16, 16), 21)
+    w = _w(16, 16, 1, 1, seed=22)
+    go = _w(2, 16, 1, 1, seed=23)
+    mean, var, weight = _w(16, seed=24), _w(16, seed=25).abs() + 1, _w(16, seed=26)
+
+    def step(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, *bn: torch.Tensor) -> torch.Tensor:
+        y = F.conv2d(x, w)
+        return torch.ops.aten.native_batch_norm_backward(go, y, bn[2], bn[0], bn[1], None, None, False, 1e-5,
+                                                         [True, True, True])[1]
+
+    want = step(x, w, go, mean, var, weight)
+    dev = [t.to("neuron") for t in (x, w, go, mean, var, weight)]
+    for call in range(4):
+        assert torch.equal(step(*dev).cpu(), want), call
 
 
 def test_ops_whose_scalar_arguments_change_at_every_call_launch_without_a_host_wait() -> None:

@@ -799,18 +799,21 @@ void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& 
   k.push_back(t.dim());
   if (abstract) {
     // A plan's structure (see StructureRecord): each size as empty / one / more, the layout as the order of
-    // the strides of dims larger than one (zero strides marked), an offset or not, whether the storage holds
-    // exactly this tensor; the same flags.
+    // the strides of dims larger than one (zero strides marked), and where each size-1 dim's stride falls
+    // in the order of all strides (kernels read it: a (2, 16, 1, 1) tensor of strides (16, 1, 16, 16) is
+    // channels-last to suggest_memory_format, one of (16, 1, 1, 1) is not), an offset or not, whether the
+    // storage holds exactly this tensor; the same flags.
     for (int64_t v : t.sizes()) k.push_back(v == 0 ? 0 : v == 1 ? 1 : 2);
     const int64_t d = t.dim();
     for (int64_t i = 0; i < d; ++i) {
       int64_t rank = 0;
       const int64_t si = t.stride(i);
       if (t.size(i) > 1 && si == 0) rank = -1;
-      else if (t.size(i) > 1)
+      else
         for (int64_t j = 0; j < d; ++j)
-          if (j != i && t.size(j) > 1 && (t.stride(j) > si || (t.stride(j) == si && j < i))) ++rank;
-      k.push_back(t.size(i) > 1 ? rank : -2);
+          if (j != i && (t.size(j) > 1 || t.size(i) == 1) && (t.stride(j) > si || (t.stride(j) == si && j < i)))
+            ++rank;
+      k.push_back(t.size(i) > 1 ? rank : -2 - rank);
     }
     k.push_back(t.storage_offset() != 0);
     k.push_back((t.is_conj() ? 1 : 0) | (t.is_neg() ? 2 : 0) | (t._is_zerotensor() ? 4 : 0) |
@@ -1209,11 +1212,11 @@ bool same_kind(const at::Tensor& t, const LaunchPlan::Out& o, const CallState& c
          t.storage_offset() == 0;
 }
 
+// Every stride counts, those of size-1 dims too: kernels choose their path by them (a tensor's suggested
+// memory format), so CPU's (16, 1, 16, 16) where a Meta kernel says (16, 1, 1, 1) gave a later
+// native_batch_norm_backward other bits than CPU's.
 bool same_layout(const at::Tensor& t, c10::IntArrayRef sizes, c10::IntArrayRef strides) {
-  if (!t.sizes().equals(sizes)) return false;
-  for (int64_t d = 0; d < t.dim(); ++d)  // strides of size-1 dims carry no layout
-    if (t.size(d) > 1 && t.stride(d) != strides[d]) return false;
-  return true;
+  return t.sizes().equals(sizes) && t.strides().equals(strides);
 }
 
 // The written arguments the plan sizes at the launch (resizes) must get the CPU kernel's geometry too: an
@@ -1397,6 +1400,17 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
     }
     std::vector<int64_t> skey, svals;
     if (!plan_key(schema, meta, *stack, base, nargs, cs, skey, svals, /*abstract=*/true)) skey.clear();
+    if (!skey.empty()) {
+      // the planned outputs' sizes as empty / one / more: which of their dims have size 1 (a convolution to a
+      // 1x1 output, a decode step's query of length 1) decides strides a Meta kernel may not give as CPU's,
+      // so such keys make their own structure
+      skey.push_back(-120);
+      for (const auto& o : made->outs)
+        if (o.kind == LaunchPlan::Out::New) {
+          skey.push_back(static_cast<int64_t>(o.sizes.size()));
+          for (int64_t v : o.sizes) skey.push_back(v == 0 ? 0 : v == 1 ? 1 : 2);
+        }
+    }
     if (skey.empty() || meta.meta_lenient || !structure_trusted(skey)) {
       pending->plan = std::move(made);  // checked against the CPU kernel by this (host path) launch
       pending->key = key;
@@ -2346,6 +2360,13 @@ bool fast_dense(const at::Tensor& t) {
   if (!t.defined() || t.device().type() != kNeuron || !t.is_contiguous() || t._is_zerotensor() || t.is_neg() ||
       t.is_conj())
     return false;
+  // contiguous with the canonical strides: a size-1 dim's stride decides the layout TensorIterator gives
+  // the output (CPU's x + 1 keeps x's (16, 1, 16, 16)), which the flat output here would not
+  int64_t expected = 1;
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    if (t.stride(d) != expected) return false;
+    expected *= std::max<int64_t>(t.size(d), 1);
+  }
   const at::ScalarType st = t.scalar_type();
   if (!(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16)) return false;
   // its storage still holds it (else the general path raises: check_storage_holds)
