@@ -103,6 +103,32 @@ def test_nested_tensors_jagged_run_and_strided_ones_raise_the_layout_error() -> 
         assert torch.equal((jagged * 2).to_padded_tensor(-1.0).cpu(), (want * 2).to_padded_tensor(-1.0))
 
 
+def test_transformer_encoders_nested_fast_path_raises_the_layout_error_naming_the_workaround() -> None:
+    # nn.TransformerEncoder (enable_nested_tensor=True, the default) in eval with a src_key_padding_mask builds
+    # a strided nested tensor with _nested_tensor_from_mask, a CPU kernel run on neuron aliases: c10's
+    # "Internal error: NestedTensorImpl doesn't support strides. Please file an issue."
+    import warnings
+
+    torch.manual_seed(0)
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2).eval()
+    x = torch.randn(3, 6, 16)
+    pad = torch.tensor([[False] * 6, [False] * 4 + [True] * 2, [False] * 2 + [True] * 4])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        enc.to("neuron")
+        with pytest.raises(NotImplementedError, match=r"_nested_tensor_from_mask would make a nested \(torch.strided "
+                                                      r"layout\) tensor.*enable_nested_tensor=False"):
+            enc(x.to("neuron"), src_key_padding_mask=pad.to("neuron"))
+        assert (torch.ones(2, device="neuron") + 1).tolist() == [2.0, 2.0]  # the device stays usable
+        # the workaround runs (the dense path: CPU's dense path bit for bit)
+        dense = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(16, 4, 32, batch_first=True), 2,
+                                            enable_nested_tensor=False).eval()
+        dense.load_state_dict(enc.state_dict())
+        want = dense(x, src_key_padding_mask=pad)
+        got = dense.to("neuron")(x.to("neuron"), src_key_padding_mask=pad.to("neuron"))
+        assert torch.equal(got.cpu(), want)
+
+
 # ---- value checks CPU kernels make at run time (the tenth session's review) ----
 
 

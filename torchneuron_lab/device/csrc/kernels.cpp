@@ -613,6 +613,7 @@ int64_t compute_flops(Flops f, const std::vector<at::Tensor>& in, const at::Tens
 
 std::string layout_label(const at::Tensor& t) {
   if (t.is_quantized()) return "quantized";
+  if (t.is_nested()) return "nested (torch.strided layout)";
   std::ostringstream o;
   o << t.layout();
   std::string s = o.str();
@@ -1890,7 +1891,9 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   at::Tensor out0;
   auto back = [&](const at::Tensor& t) -> at::Tensor {
     if (!t.defined() || cs.cpu_outputs || !t.is_cpu()) return t;
-    if (t.layout() != at::kStrided || t.is_quantized()) unsupported_layout(t, meta.name);
+    // a nested tensor reports the strided layout: a CPU kernel that makes one from dense neuron tensors
+    // (nn.TransformerEncoder's eval fast path: _nested_tensor_from_mask) raised c10's internal error
+    if (t.layout() != at::kStrided || t.is_quantized() || t.is_nested()) unsupported_layout(t, meta.name);
     bool is_input = false;
     at::Tensor r = map_back(cs, t, &is_input);
     if (rec && (is_input || !meta.view_only)) bytes_written += nbytes_of(t);

@@ -37,7 +37,11 @@ void unsupported_layout_named(const std::string& what, const std::string& op) {
                               op, " would make a ", what, " tensor on the emulated neuron device, which ",
                               "has no kernels for it. Keep it on the CPU, or convert it first (.to_dense() for ",
                               "sparse layouts, .dequantize() for quantized tensors, .to_padded_tensor() or ",
-                              ".unbind() for nested tensors), then move it to neuron.");
+                              ".unbind() for nested tensors), then move it to neuron.",
+                              op == "aten::_nested_tensor_from_mask"
+                                  ? " nn.TransformerEncoder makes one in its eval fast path from a "
+                                    "src_key_padding_mask: build it with enable_nested_tensor=False."
+                                  : "");
 }
 
 namespace {
