@@ -614,3 +614,63 @@ def test_a_pending_asynchronous_error_is_raised_at_a_sync_not_by_an_unrelated_fi
     with pytest.raises(IndexError, match="asynchronous error in aten::index_select launched at"):
         torch.neuron.synchronize()
     assert s.item() == 95.0 and z.abs().sum().item() == 0.0
+
+
+# ---- nn.DataParallel and torch.nn.parallel.comm (torchneuron_lab/_parallel_comm.py) ----
+
+
+def test_data_parallel_over_two_neuron_devices_is_cpus_per_chunk_math() -> None:
+    # AttributeError: module 'torch._C' has no attribute '_scatter' (the CPU build has no CUDA comm functions)
+    from torch import nn
+
+    def mlp() -> nn.Module:
+        return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+    torch.manual_seed(0)
+    ref = mlp()
+    x = torch.randn(6, 4)
+    dp = nn.DataParallel(mlp().to("neuron"))
+    dp.module.load_state_dict(ref.state_dict())
+    assert dp.device_ids == [0, 1]
+    used1 = torch.neuron.memory_stats(1).get("allocation.all.allocated", 0)
+    out = dp(x.to("neuron"))
+    assert torch.neuron.memory_stats(1)["allocation.all.allocated"] > used1  # the second replica ran on neuron:1
+    assert out.device == torch.device("neuron", 0) and torch.equal(out.cpu(), ref(x))
+    out.square().sum().backward()
+    per_chunk = []
+    for xc in x.chunk(2):  # DataParallel's math: each replica's gradients, summed onto device 0
+        m = mlp()
+        m.load_state_dict(ref.state_dict())
+        m(xc).square().sum().backward()
+        per_chunk.append([p.grad for p in m.parameters()])
+    for p, g0, g1 in zip(dp.module.parameters(), *per_chunk):
+        assert p.grad is not None and p.grad.device == torch.device("neuron", 0)
+        assert torch.equal(p.grad.cpu(), g0 + g1)
+
+
+def test_parallel_comm_scatter_gather_broadcast_on_neuron() -> None:
+    from torch.nn.parallel import comm
+
+    x = torch.arange(24.0).view(6, 4)
+    xn = x.to("neuron")
+    a, b = comm.broadcast_coalesced([xn, xn[0]], [0, 1])
+    assert a[0] is xn and b[0].device == torch.device("neuron", 1) and torch.equal(b[1].cpu(), x[0])
+    parts = comm.scatter(xn, [0, 1], chunk_sizes=[2, 4], dim=0)
+    assert [p.device.index for p in parts] == [0, 1] and [p.shape[0] for p in parts] == [2, 4]
+    assert parts[0].data_ptr() == xn.data_ptr()  # a chunk already on its device is that chunk (CUDA's)
+    s = torch.neuron.Stream(device=1)
+    parts = comm.scatter(xn, [0, 1], dim=1, streams=[None, s])
+    s.synchronize()
+    assert torch.equal(parts[1].cpu(), x[:, 2:])
+    assert torch.equal(comm.gather(parts, dim=1, destination="cpu"), x)
+    assert comm.gather(parts, dim=1, destination=1).device == torch.device("neuron", 1)
+    out = torch.empty(6, 4, device="neuron:1")
+    assert torch.equal(comm.gather(parts, dim=1, out=out).cpu(), x)
+    outs = [torch.empty(3, 4, device="neuron:0"), torch.empty(3, 4, device="neuron:1")]
+    comm.scatter(xn, out=outs)
+    assert torch.equal(torch.cat([o.cpu() for o in outs]), x)
+    with pytest.raises(RuntimeError, match="Total size for output tensors"):
+        comm.scatter(xn, out=[torch.empty(2, 4, device="neuron")])
+    with pytest.raises(RuntimeError, match="expected neuron tensors"):
+        comm.scatter(x, [0, 1])
+    assert [t.cpu().tolist() for t in comm.broadcast(xn[0], devices=[0, 1])] == [x[0].tolist()] * 2

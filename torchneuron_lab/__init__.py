@@ -15,12 +15,13 @@ __all__ = ["__version__", "load_ipython_extension", "register_device", "unload_i
 
 def register_device() -> None:
     """Register the ``neuron`` device (builds the C++ core on first use). Safe to call repeatedly."""
-    from . import _flex_attention, _inductor_redirect
+    from . import _flex_attention, _inductor_redirect, _parallel_comm
     from .device import register
 
     register()
     _inductor_redirect.install()  # torch.compile(model) (backend="inductor") on neuron tensors
     _flex_attention.install()  # flex_attention's device check lets neuron through, as it does CUDA
+    _parallel_comm.install()  # nn.DataParallel's torch._C._scatter/_gather/... for neuron tensors
 
 
 def _autoload() -> None:
