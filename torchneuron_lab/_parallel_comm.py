@@ -24,9 +24,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions: install() runs while torch itself may still be importing (its
+# backend autoload registers the device), as torchneuron_lab._inductor_redirect does.
 
 _NAMES = ("_broadcast_coalesced", "_broadcast", "_broadcast_out", "_scatter", "_scatter_out", "_gather",
           "_gather_out")
@@ -39,6 +43,8 @@ def _check_neuron(t: torch.Tensor, what: str) -> None:
 
 
 def _dev(index: int) -> torch.device:
+    import torch
+
     return torch.device("neuron", index)
 
 
@@ -74,6 +80,8 @@ def _broadcast_out(tensor: torch.Tensor, out_tensors: Sequence[torch.Tensor]) ->
 
 
 def _on_stream(streams: Sequence[Any] | None, i: int) -> contextlib.AbstractContextManager[Any]:
+    import torch
+
     s = streams[i] if streams is not None and i < len(streams) else None
     return torch.neuron.stream(s) if s is not None else contextlib.nullcontext()  # type: ignore[attr-defined]
 
@@ -137,6 +145,8 @@ def _gather_out(tensors: Sequence[torch.Tensor], out_tensor: torch.Tensor, dim: 
 def _gather(tensors: Sequence[torch.Tensor], dim: int = 0, destination: int | None = None) -> torch.Tensor:
     if not tensors:
         raise RuntimeError("Expected at least one tensor to gather from")
+    import torch
+
     first = tensors[0]
     _check_neuron(first, "_gather")
     shape = list(first.shape)
@@ -149,6 +159,8 @@ def _gather(tensors: Sequence[torch.Tensor], dim: int = 0, destination: int | No
 
 def install() -> None:
     """Add the functions torch's CPU build lacks (idempotent; a CUDA build keeps its own)."""
+    import torch
+
     for name in _NAMES:
         if not hasattr(torch._C, name):
             setattr(torch._C, name, globals()[name])
