@@ -255,6 +255,12 @@ def _report_pending_errors_at_exit() -> None:
         return
     for d in devices:
         try:
+            used = C.memory_stats(d)["segment"]["all"]["allocated"]
+        except Exception:  # noqa: BLE001, S112 - exit must not fail
+            continue
+        if not used:
+            continue  # nothing ran there (and no device is started at exit)
+        try:
             C.synchronize(d)
         except Exception as e:  # noqa: BLE001 - reported, exit must not fail
             try:
