@@ -221,12 +221,17 @@ def _release_autograd_device_threads() -> None:
     the device's thread, so the earlier tasks are released by the time it returns (C++ tensors only, twice:
     the second waits for the first's release, and neither holds a Python object)."""
     C = _lib()
-    if not C.runtime_started() or C.in_bad_fork():
-        return
-    for d in range(int(C.device_count())):
-        if not C.memory_stats(d)["segment"]["all"]["allocated"]:
-            continue  # never used: no device thread of autograd's ran its work
+    for d in _used_devices():  # a device never used: no device thread of autograd's ran its work
         C.release_autograd_device_thread(d)
+
+
+def _used_devices() -> list[int]:
+    """The devices that ran something in this process (none in a bad fork, or before the runtime started);
+    asking starts no device."""
+    C = _lib()
+    if not C.runtime_started() or C.in_bad_fork():
+        return []
+    return [d for d in range(int(C.device_count())) if C.memory_stats(d)["segment"]["all"]["allocated"]]
 
 
 def _drain_at_exit() -> None:  # kernels still queued finish before the interpreter goes away
@@ -248,18 +253,10 @@ def _report_pending_errors_at_exit() -> None:
 
     try:
         C = _lib()
-        if not C.runtime_started() or C.in_bad_fork():
-            return
-        devices = range(int(C.device_count()))
+        devices = _used_devices()
     except Exception:  # noqa: BLE001 - exit must not fail
         return
     for d in devices:
-        try:
-            used = C.memory_stats(d)["segment"]["all"]["allocated"]
-        except Exception:  # noqa: BLE001, S112 - exit must not fail
-            continue
-        if not used:
-            continue  # nothing ran there (and no device is started at exit)
         try:
             C.synchronize(d)
         except Exception as e:  # noqa: BLE001 - reported, exit must not fail

@@ -778,6 +778,9 @@ std::optional<int64_t> cpu_integer_value(const at::Tensor& t) {
   return v;
 }
 
+// A size in a plan's structure: empty / one / more.
+int64_t size_class(int64_t v) { return v == 0 ? 0 : v == 1 ? 1 : 2; }
+
 void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& k, bool abstract = false) {
   if (!t.defined()) {
     k.push_back(-1);
@@ -804,7 +807,7 @@ void key_tensor(const at::Tensor& t, const CallState& cs, std::vector<int64_t>& 
     // in the order of all strides (kernels read it: a (2, 16, 1, 1) tensor of strides (16, 1, 16, 16) is
     // channels-last to suggest_memory_format, one of (16, 1, 1, 1) is not), an offset or not, whether the
     // storage holds exactly this tensor; the same flags.
-    for (int64_t v : t.sizes()) k.push_back(v == 0 ? 0 : v == 1 ? 1 : 2);
+    for (int64_t v : t.sizes()) k.push_back(size_class(v));
     const int64_t d = t.dim();
     for (int64_t i = 0; i < d; ++i) {
       int64_t rank = 0;
@@ -1409,7 +1412,7 @@ bool launch_async(const c10::OperatorHandle& op, const OpMeta& meta, torch::jit:
       for (const auto& o : made->outs)
         if (o.kind == LaunchPlan::Out::New) {
           skey.push_back(static_cast<int64_t>(o.sizes.size()));
-          for (int64_t v : o.sizes) skey.push_back(v == 0 ? 0 : v == 1 ? 1 : 2);
+          for (int64_t v : o.sizes) skey.push_back(size_class(v));
         }
     }
     if (skey.empty() || meta.meta_lenient || !structure_trusted(skey)) {
@@ -2360,11 +2363,9 @@ const FastEntry* fast_entry(const c10::OperatorHandle& op) {
 }
 
 bool fast_dense(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != kNeuron || !t.is_contiguous() || t._is_zerotensor() || t.is_neg() ||
-      t.is_conj())
-    return false;
-  // contiguous with the canonical strides: a size-1 dim's stride decides the layout TensorIterator gives
-  // the output (CPU's x + 1 keeps x's (16, 1, 16, 16)), which the flat output here would not
+  if (!t.defined() || t.device().type() != kNeuron || t._is_zerotensor() || t.is_neg() || t.is_conj()) return false;
+  // contiguous with the canonical strides (not only is_contiguous()): a size-1 dim's stride decides the layout
+  // TensorIterator gives the output (CPU's x + 1 keeps x's (16, 1, 16, 16)), which the flat output here would not
   int64_t expected = 1;
   for (int64_t d = t.dim() - 1; d >= 0; --d) {
     if (t.stride(d) != expected) return false;
