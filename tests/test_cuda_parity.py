@@ -10,6 +10,8 @@ The implementation is torchneuron_lab/device/csrc/cuda_parity.cpp.
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -449,6 +451,70 @@ def test_complex32_reductions_with_dtype_complex32_as_cuda(source: str) -> None:
         assert got.dtype == torch.complex32
         expected = op(x.cpu().to(torch.complex64), 0).to(torch.complex32)
         assert torch.equal(got.cpu().to(torch.complex64), expected.to(torch.complex64))
+
+
+_CHALF_INPLACE = ["acos_", "acosh_", "asin_", "asinh_", "atan_", "atanh_", "cos_", "cosh_", "sin_", "sinh_", "tan_",
+                  "tanh_", "exp_", "log_", "sqrt_", "rsqrt_", "sigmoid_"]
+
+
+@pytest.mark.parametrize("name", [*_CHALF_INPLACE, "div_", "true_divide_", "pow_scalar_", "pow_tensor_",
+                                  "lerp_scalar_", "lerp_tensor_", "c64_div_chalf_"])
+def test_complex32_in_place_ops_are_their_functional_forms(name: str) -> None:
+    # CUDA's kernels take complex32 in place as out of place: only the functional and out= overloads were
+    # upcast ("exp_vml_cpu" not implemented for 'ComplexHalf' from x.exp_())
+    pairs: dict[str, tuple[Callable[[torch.Tensor], Any], Callable[[torch.Tensor], Any]]] = {
+        n: ((lambda n: lambda t: getattr(t, n)())(n), getattr(torch, n[:-1])) for n in _CHALF_INPLACE
+    }
+    pairs.update({
+        "div_": (lambda t: t.div_(t + 1), lambda t: torch.div(t, t + 1)),
+        "true_divide_": (lambda t: t.true_divide_(t * 2), lambda t: torch.true_divide(t, t * 2)),
+        "pow_scalar_": (lambda t: t.pow_(2), lambda t: torch.pow(t, 2)),
+        "pow_tensor_": (lambda t: t.pow_(t / 8), lambda t: torch.pow(t, t / 8)),
+        "lerp_scalar_": (lambda t: t.lerp_(t * t, 0.5), lambda t: torch.lerp(t, t * t, 0.5)),
+        "lerp_tensor_": (lambda t: t.lerp_(t * t, torch.full_like(t, 0.25)),
+                         lambda t: torch.lerp(t, t * t, torch.full_like(t, 0.25))),
+        # a complex64 self: computed in complex64, as on CPU
+        "c64_div_chalf_": (lambda t: t.div_(_XC.to(t.device)), lambda t: torch.div(t, _XC.to(t.device))),
+    })
+    in_place, functional = pairs[name]
+    src = _C64 if name.startswith("c64") else _XC
+    x = src.to("neuron")
+    ptr = x.data_ptr()
+    out = in_place(x)
+    assert out is x and x.data_ptr() == ptr and x.dtype == src.dtype
+    expected = functional(src.to("neuron") if src is _XC else src).cpu()
+    assert expected.dtype == src.dtype
+    assert torch.equal(x.cpu().to(torch.complex64), expected.to(torch.complex64))  # no CPU equal for complex32
+
+
+@pytest.mark.parametrize("name", ["exp_out_c64", "sin_out_c128", "div_out_c64", "angle_out_f32", "angle_out_f64",
+                                  "div_c64_out_c64", "sum_out_c64"])
+def test_complex32_with_a_wider_out_is_computed_in_complex32_and_cast(name: str) -> None:
+    # CUDA computes in the inputs' dtype (complex32) and casts into a wider out=: the CPU kernel ran un-widened
+    # ("exp_vml_cpu" not implemented for 'ComplexHalf'), and angle's float out missed complex32's rounding
+    calls = {
+        "exp_out_c64": (lambda d, o: torch.exp(_XC.to(d), out=o), torch.complex64,
+                        lambda: torch.exp(_XC.to(torch.complex64)).to(torch.complex32)),
+        "sin_out_c128": (lambda d, o: torch.sin(_XC.to(d), out=o), torch.complex128,
+                         lambda: torch.sin(_XC.to(torch.complex64)).to(torch.complex32)),
+        "div_out_c64": (lambda d, o: torch.div(_XC.to(d), (_XC * 2).to(d), out=o), torch.complex64,
+                        lambda: torch.div(_XC.to(torch.complex64), (_XC * 2).to(torch.complex64)).to(torch.complex32)),
+        "angle_out_f32": (lambda d, o: torch.angle(_XC.to(d), out=o), torch.float32,
+                          lambda: torch.angle(_XC.to(torch.complex64)).half()),
+        "angle_out_f64": (lambda d, o: torch.angle(_XC.to(d), out=o), torch.float64,
+                          lambda: torch.angle(_XC.to(torch.complex64)).half()),
+        # a complex64 operand: computed in complex64, as on CPU
+        "div_c64_out_c64": (lambda d, o: torch.div(_XC.to(d), _C64.to(d), out=o), torch.complex64,
+                            lambda: torch.div(_XC, _C64)),
+        # a reduction computes in its out='s dtype, as on CPU
+        "sum_out_c64": (lambda d, o: torch.sum(_XC.to(d), 0, out=o), torch.complex64,
+                        lambda: torch.sum(_XC, 0, out=torch.empty((), dtype=torch.complex64))),
+    }
+    call, dtype, reference = calls[name]
+    out = torch.empty(0, dtype=dtype, device="neuron")
+    got = call("neuron", out)
+    assert got is out and out.dtype == dtype
+    assert torch.equal(out.cpu(), reference().to(dtype))
 
 
 def _error(fn) -> tuple[str, str]:

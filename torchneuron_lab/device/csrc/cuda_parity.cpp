@@ -14,8 +14,10 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -181,7 +183,11 @@ const std::unordered_map<std::string, Upcast>& upcast_rules() {
                           "pow.Tensor_Tensor", "pow.Tensor_Scalar", "pow.Tensor_Tensor_out",
                           "pow.Tensor_Scalar_out", "pow.Scalar", "pow.Scalar_out", "lerp.Scalar", "lerp.Tensor",
                           "lerp.Scalar_out", "lerp.Tensor_out", "sum.dim_IntList", "sum.IntList_out", "sum",
-                          "prod", "prod.dim_int", "prod.int_out"})
+                          "prod", "prod.dim_int", "prod.int_out",
+                          // in place, as out of place (CUDA's kernels are the same TensorIterator loops)
+                          "acos_", "acosh_", "asin_", "asinh_", "atan_", "atanh_", "cos_", "cosh_", "sin_", "sinh_",
+                          "tan_", "tanh_", "exp_", "log_", "sqrt_", "rsqrt_", "sigmoid_", "div_.Tensor",
+                          "pow_.Scalar", "pow_.Tensor", "lerp_.Scalar", "lerp_.Tensor"})
       if (!r.count(n)) r[n] = chalf;
     return r;
   }();
@@ -287,7 +293,22 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
                                                           : schema.name().substr(6) + "." + schema.overload_name();
   std::optional<MetaVerdict> verdict = is_histc ? std::nullopt : meta_verdict(op, *stack, base, nargs);
   if (verdict && verdict->refused) return run_fallback(op, ks, stack);
-  if (verdict && *original == c10::ScalarType::ComplexHalf) {
+  // complex32 computed into a wider out= (exp(x, out=complex64), angle(x, out=float32)): CUDA computes in the
+  // inputs' dtype, complex32, and casts into the out= tensor (TensorIterator's cast of its common dtype; angle's
+  // complex temporary). Reductions are not: their out= dtype is the dtype they compute in.
+  const bool reduction = name.rfind("sum", 0) == 0 || name.rfind("prod", 0) == 0;
+  bool round_outs = false;
+  if (*original == c10::ScalarType::ComplexHalf && !reduction) {
+    at::native::ResultTypeState state;
+    for (size_t i = 0; i < nargs; ++i) {
+      const c10::IValue& v = (*stack)[base + i];
+      if (schema.arguments()[i].is_out()) continue;
+      if (v.isTensor() && v.toTensor().defined()) state = at::native::update_result_type_state(v.toTensor(), state);
+      else if (v.isScalar()) state = at::native::update_result_type_state(v.toScalar(), state);
+    }
+    round_outs = at::native::result_type(state) == c10::ScalarType::ComplexHalf;
+  }
+  if (verdict && *original == c10::ScalarType::ComplexHalf && !round_outs) {
     bool all_wide = !verdict->returns.empty();
     for (const auto& r : verdict->returns)
       all_wide = all_wide && r && c10::isComplexType(*r) && *r != c10::ScalarType::ComplexHalf;
@@ -317,6 +338,7 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   }
 
   std::vector<std::pair<Tensor, Tensor>> written;  // (original argument, widened copy)
+  std::vector<Tensor> rounded;                      // widened copies of wider out= tensors, rounded to complex32
   for (size_t i = 0; i < nargs; ++i) {
     c10::IValue& v = (*stack)[base + i];
     if (schema.arguments()[i].name() == "dtype" && v.isInt()) {
@@ -325,6 +347,15 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
     }
     if (!v.isTensor() || !v.toTensor().defined()) continue;
     const Tensor t = v.toTensor();
+    if (round_outs && schema.arguments()[i].is_out() && t.scalar_type() != *original) {
+      // computed into a temporary of the widened dtype (or its real dtype: angle), rounded, then cast
+      const c10::ScalarType temp = c10::isComplexType(t.scalar_type()) ? widened : c10::toRealValueType(widened);
+      Tensor up = at::empty({0}, t.options().dtype(temp));
+      written.emplace_back(t, up);
+      rounded.push_back(up);
+      v = c10::IValue(up);
+      continue;
+    }
     // histc's out= (CUDA copies its result into any dtype): computed in the widened dtype, copied back
     const c10::ScalarType w = is_histc && is_write_arg(schema, i) ? widened : widen_for(rule, t.scalar_type());
     if (w == t.scalar_type()) continue;
@@ -335,7 +366,8 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
   run_fallback(op, ks, stack);
   for (auto& [orig, up] : written) {
     if (orig.sizes() != up.sizes()) orig.resize_(up.sizes());
-    orig.copy_(up);
+    const bool round = std::any_of(rounded.begin(), rounded.end(), [&](const Tensor& r) { return r.is_same(up); });
+    orig.copy_(round ? up.to(narrow_to(up.scalar_type(), widened, *original)) : up);
   }
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
@@ -375,13 +407,19 @@ void nansum_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
 
 }  // namespace
 
+// div_.Tensor is registered by kernels.cpp (its fast path for in-place arithmetic); what that path does not take
+// comes here, so that complex32 is upcast as div.Tensor is.
+void upcast_or_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  upcast_kernel(op, ks, stack);
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_thnn_fused_lstm_cell", fused_lstm_cell);
   m.impl("_thnn_fused_lstm_cell_backward_impl", fused_lstm_cell_backward_impl);
   m.impl("_thnn_fused_gru_cell", fused_gru_cell);
   m.impl("_thnn_fused_gru_cell_backward", fused_gru_cell_backward);
   for (const auto& kv : upcast_rules())
-    m.impl(kv.first.c_str(), torch::CppFunction::makeFromBoxedFunction<&upcast_kernel>());
+    if (kv.first != "div_.Tensor") m.impl(kv.first.c_str(), torch::CppFunction::makeFromBoxedFunction<&upcast_kernel>());
   m.impl("nansum", torch::CppFunction::makeFromBoxedFunction<&nansum_kernel>());
   m.impl("nansum.out", torch::CppFunction::makeFromBoxedFunction<&nansum_kernel>());
 }

@@ -66,6 +66,7 @@ DECLARE_DISPATCH(flatten_indices_fn, flatten_indices_stub)
 }  // namespace at::native
 
 namespace tnl {
+void upcast_or_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);  // cuda_parity.cpp
 namespace {
 
 // How launches went (launch_path_counts(): a diagnostic of where host time goes): the general path queued,
@@ -2519,6 +2520,12 @@ void fast_or_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (!try_fast_launch(op, stack)) neuron_fallback(op, ks, stack);
 }
 
+
+// div_: its complex32 (CUDA has it, the CPU kernel not) is upcast as div's
+void fast_or_upcast(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (!try_fast_launch(op, stack)) upcast_or_fallback(op, ks, stack);
+}
+
 // ------------------------------------------------------------------------------------------------
 // One launch per foreach op. `_foreach_*` ops have no CPU kernel: their CompositeExplicitAutograd kernel
 // loops over the lists calling the per-tensor op, which on neuron made one launch per tensor (an AdamW
@@ -3004,10 +3011,11 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_to_copy", at::native::_to_copy);
   m.impl("_has_compatible_shallow_copy_type", has_compatible_shallow_copy_type);
   m.impl("record_stream", record_stream);
-  // (div.Tensor keeps cuda_parity.cpp's complex32 kernel; its fast path is the in-place div_)
-  for (const char* name : {"add.Tensor", "add_.Tensor", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor",
-                           "div_.Tensor"})
+  // (div.Tensor keeps cuda_parity.cpp's complex32 kernel; its fast path is the in-place div_, whose other calls
+  // go to that kernel too)
+  for (const char* name : {"add.Tensor", "add_.Tensor", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fast_or_fallback>());
+  m.impl("div_.Tensor", torch::CppFunction::makeFromBoxedFunction<&fast_or_upcast>());
   // CompositeExplicitAutograd kernels that pick a backend by device type: run them on the CPU side.
   for (const char* name : {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
                            "convolution_backward_overrideable"}) {
@@ -3189,15 +3197,17 @@ namespace {
 int64_t neuron_sdp_choice(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const std::optional<at::Tensor>& mask, double dropout, bool causal,
                           std::optional<double> scale, bool gqa) {
-  // Symbolic shapes (Dynamo tracing with dynamic shapes: fake tensors whose storage size is symbolic) cannot be
-  // aliased; the choice reads only metadata (sizes, strides, dtypes, requires_grad), which the tensors carry:
-  // CPU's rules on them directly. An alias of such a tensor raised "Expected !size_bytes_is_heap_allocated_"
-  // inside Dynamo's fake run: compiling attention with dynamic shapes (a second input shape) failed.
-  auto symbolic = [](const at::Tensor& t) {
-    return t.defined() && (t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+  // Tensors that cannot be aliased take CPU's rules directly: the choice reads only metadata (sizes, strides,
+  // dtypes, requires_grad), which they carry. Those are symbolic shapes (Dynamo tracing with dynamic shapes:
+  // fake tensors whose storage size is symbolic; an alias raised "Expected !size_bytes_is_heap_allocated_")
+  // and tensors without storage: torch.func's batched tensors and grad wrappers, which reach this stub because
+  // scaled_dot_product_attention is CompositeImplicit ("Cannot access storage of BatchedTensorImpl": attention
+  // under vmap, grad, jvp or jacfwd failed).
+  auto metadata_only = [](const at::Tensor& t) {
+    return t.defined() && (!t.has_storage() || t.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
                            t.storage().unsafeGetStorageImpl()->sym_nbytes().is_heap_allocated());
   };
-  if (symbolic(q) || symbolic(k) || symbolic(v) || (mask.has_value() && symbolic(*mask)))
+  if (metadata_only(q) || metadata_only(k) || metadata_only(v) || (mask.has_value() && metadata_only(*mask)))
     return at::native::_fused_sdp_choice_cpp(q, k, v, mask, dropout, causal, scale, gqa);
   // The CPU choice reads requires_grad (a mask that requires grad needs math): the aliases keep it.
   HostCall call(q.device().index(), /*wait=*/false);
