@@ -462,8 +462,11 @@ _CHALF_INPLACE = ["acos_", "acosh_", "asin_", "asinh_", "atan_", "atanh_", "cos_
 def test_complex32_in_place_ops_are_their_functional_forms(name: str) -> None:
     # CUDA's kernels take complex32 in place as out of place: only the functional and out= overloads were
     # upcast ("exp_vml_cpu" not implemented for 'ComplexHalf' from x.exp_())
+    def method(n: str) -> Callable[[torch.Tensor], Any]:
+        return lambda t: getattr(t, n)()
+
     pairs: dict[str, tuple[Callable[[torch.Tensor], Any], Callable[[torch.Tensor], Any]]] = {
-        n: ((lambda n: lambda t: getattr(t, n)())(n), getattr(torch, n[:-1])) for n in _CHALF_INPLACE
+        n: (method(n), getattr(torch, n[:-1])) for n in _CHALF_INPLACE
     }
     pairs.update({
         "div_": (lambda t: t.div_(t + 1), lambda t: torch.div(t, t + 1)),

@@ -47,7 +47,9 @@ SDPA_CASES: dict[str, Callable[[str], Any]] = {
     "vmap gqa": lambda d: vmap(_sdpa(enable_gqa=True))(
         torch.randn(3, 2, 4, 6, 8).to(d), *torch.randn(2, 3, 2, 2, 6, 8).to(d).unbind(0)
     ),
-    "grad": lambda d: grad(lambda a: F.scaled_dot_product_attention(a, a, a).sum())(torch.randn(2, 4, 6, 8).to(d)),
+    "grad": lambda d: grad(lambda a: F.scaled_dot_product_attention(a, a, a).sum())(
+        torch.randn(2, 4, 6, 8).to(d)
+    ),
     "vmap of grad": lambda d: vmap(grad(lambda a: F.scaled_dot_product_attention(a, a, a).sum()))(
         torch.randn(3, 2, 4, 6, 8).to(d)
     ),
@@ -61,8 +63,11 @@ def test_scaled_dot_product_attention_under_a_transform_is_cpus(case: str) -> No
 
 
 FORWARD_AD_CASES: dict[str, Callable[[str], Any]] = {
-    "jvp": lambda d: jvp(_sdpa(), tuple(torch.randn(3, 2, 4, 6, 8).to(d).unbind(0)),
-                         tuple(torch.randn(3, 2, 4, 6, 8).to(d).unbind(0))),
+    "jvp": lambda d: jvp(
+        _sdpa(),
+        tuple(torch.randn(3, 2, 4, 6, 8).to(d).unbind(0)),
+        tuple(torch.randn(3, 2, 4, 6, 8).to(d).unbind(0)),
+    ),
     "jacfwd": lambda d: jacfwd(lambda a: F.scaled_dot_product_attention(a, a, a).sum(-1))(
         torch.randn(1, 2, 3, 4).to(d)
     ),
@@ -84,7 +89,9 @@ def test_attention_under_forward_ad_raises_cpus_error(case: str) -> None:
 def test_per_sample_gradients_of_a_training_transformer_layer_are_cpus() -> None:
     # the PyTorch tutorial's per-sample gradients: vmap(grad(functional_call)) over a layer in train mode
     def make(device: str) -> dict[str, torch.Tensor]:
-        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True).to(device)
+        layer = nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True).to(
+            device
+        )
         params = {k: v.detach() for k, v in layer.named_parameters()}
         x = torch.randn(4, 5, 16).to(device)
         target = torch.randn(4, 5, 16).to(device)
