@@ -515,3 +515,55 @@ def test_a_graph_with_a_cpu_scalar_input_queues_and_takes_its_value_at_the_call(
         assert not [e for e in box[0].events if e.kind == "sync" and e.dur_ns > 0]  # the host did not wait
     assert [o.tolist() for o in outs] == [[i * v + v for i in range(6)] for v in (2.0, 3.0, 5.0)]
     assert [r.launch for r in new_records(n)] == ["queued"]
+
+
+@pytest.mark.parametrize("write", ["add_", "copy_"])
+def test_a_graph_that_writes_its_cpu_scalar_input_writes_the_users_tensor(write: str) -> None:
+    # The queued copy of a CPU 0-dim input took the graph's in-place write, and the user's tensor kept its
+    # value (compiled Adam/AdamW without capturable: state["step"] never advanced). Such a graph runs as host
+    # code, as with TORCHNEURON_LAB_QUEUE_GRAPHS=0.
+    def f(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        if write == "add_":
+            s.add_(1)
+        else:
+            s.copy_(x.sum() + s)
+        return x * s
+
+    def run(device: str) -> tuple[list[list[float]], float]:
+        torch._dynamo.reset()
+        fn = torch.compile(f, backend="inductor" if device == "cpu" else "neuron")
+        s = torch.tensor(0.0)
+        x = torch.ones(3, device=device)
+        outs = [fn(x, s).tolist() for _ in range(3)]
+        return outs, s.item()
+
+    n = len(registry.records())
+    expected = run("cpu")
+    assert expected[1] == (3.0 if write == "add_" else 9.0)
+    assert run("neuron") == expected
+    launches = [r.launch for r in new_records(n)]
+    assert launches and "queued" not in launches
+
+
+@pytest.mark.parametrize("opt_name", ["Adam", "AdamW"])
+@pytest.mark.parametrize("foreach", [False, True])
+def test_compiled_adam_without_capturable_steps_as_inductor_cpu(opt_name: str, foreach: bool) -> None:
+    def run(device: str) -> list[torch.Tensor]:
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        p = nn.Parameter(torch.randn(64).to(device))
+        opt = getattr(torch.optim, opt_name)([p], lr=1e-2, weight_decay=0.1, foreach=foreach)
+        step = torch.compile(opt.step, backend="inductor" if device == "cpu" else "neuron")
+        torch.manual_seed(1)
+        for _ in range(3):
+            p.grad = torch.randn(64).to(device)
+            step()
+        st = opt.state[p]
+        assert st["step"].device.type == "cpu"
+        return [p.detach().cpu(), st["exp_avg"].cpu(), st["exp_avg_sq"].cpu(), st["step"]]
+
+    expected = run("cpu")
+    got = run("neuron")
+    assert got[3].item() == expected[3].item() == 3.0
+    for e, g in zip(expected, got, strict=True):
+        assert torch.equal(g, e), (g - e).abs().max()

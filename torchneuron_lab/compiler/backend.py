@@ -460,6 +460,24 @@ def _output_devices(gm: torch.fx.GraphModule) -> list[torch.device | None]:
     return res
 
 
+def _written_inputs(gm: torch.fx.GraphModule) -> set[int]:
+    """Positions of the graph's inputs that an op writes in place (``copy_`` of an input mutation that
+    AOTAutograd keeps in the graph, or any op whose schema marks the argument as written)."""
+    position = {node: i for i, node in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    written: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        for i, arg in enumerate(node.target._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = node.args[i] if i < len(node.args) else node.kwargs.get(arg.name)
+            for v in value if isinstance(value, (list, tuple)) else (value,):
+                if v in position:
+                    written.add(position[v])
+    return written
+
+
 def _draws_random(gm: torch.fx.GraphModule) -> bool:
     """Whether the graph has an op that draws from a generator (``torch.Tag.nondeterministic_seeded``:
     Inductor's ``inductor_seeds``, ``randperm``, ``bernoulli``, ...)."""
@@ -584,6 +602,7 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     op_counts = _op_counts(gm)
     inputs = _input_signature(example_inputs)
     out_devices = _output_devices(gm)
+    written = _written_inputs(gm)
     from torch._guards import detect_fake_mode
 
     fake_mode = detect_fake_mode(example_inputs)
@@ -643,8 +662,11 @@ def _inner_compile(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *, c
     # CPU 0-dim inputs (a scalar the user keeps on the host: an lr tensor, torch.tensor(2.)) go to the device
     # with the call, as a queued copy of the value at the call: the graph still queues. (As host code, the
     # graph waited for the stream, and an op registered for neuron only got CPU aliases and failed.)
+    # A scalar the graph writes (an inference graph's input mutation: Adam's state["step"] += 1 in a compiled
+    # step without capturable) is not one: its write must reach the user's tensor, so the graph runs as host
+    # code (the write landed on the queued copy, and the step count never advanced).
     scalars = [i for i, t in enumerate(example_inputs)
-               if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0]
+               if isinstance(t, torch.Tensor) and t.device.type == "cpu" and t.dim() == 0 and i not in written]
     queued: tuple[Any, Any] | str = "inputs or outputs off the device"
     if not (bad_devices or cpu_outs or moved or rt.devices - {device} or any(
             isinstance(t, torch.Tensor) and t.device != here and i not in scalars
