@@ -674,3 +674,53 @@ def test_parallel_comm_scatter_gather_broadcast_on_neuron() -> None:
     with pytest.raises(RuntimeError, match="expected neuron tensors"):
         comm.scatter(x, [0, 1])
     assert [t.cpu().tolist() for t in comm.broadcast(xn[0], devices=[0, 1])] == [x[0].tolist()] * 2
+
+
+def test_torch_neuron_amp_has_torch_cuda_amps_names() -> None:
+    # CUDA code written with torch.cuda.amp (deprecated, still common) met AttributeError on torch.neuron
+    import importlib
+
+    amp = importlib.import_module("torch.neuron.amp")
+    assert amp is torch.neuron.amp
+    assert sorted(amp.__all__) == sorted(torch.cuda.amp.__all__)
+
+    def train(make_scaler: Any, make_autocast: Any) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(8, 4).to("neuron")
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = make_scaler()
+        x = torch.randn(16, 8, device="neuron")
+        for i in range(3):
+            opt.zero_grad()
+            with make_autocast():
+                loss = model(x).float().square().mean() * (float("inf") if i == 1 else 1.0)  # step 2 is skipped
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+        return [p.detach().cpu() for p in model.parameters()] + [scaler.get_scale() * torch.ones(1)]
+
+    with pytest.warns(FutureWarning, match=r"torch\.neuron\.amp\.GradScaler\(args\.\.\.\)` is deprecated"):
+        old = train(amp.GradScaler, amp.autocast)
+    new = train(lambda: torch.amp.GradScaler("neuron"), lambda: torch.autocast("neuron", dtype=torch.float16))
+    assert all(torch.equal(a, b) for a, b in zip(old, new, strict=True))
+    assert old[-1].item() == 2.0**15  # the inf step halved the scale
+    assert amp.amp_definitely_not_available() is False
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        @amp.custom_fwd(cast_inputs=torch.float32)
+        def forward(ctx: Any, t: torch.Tensor) -> torch.Tensor:
+            ctx.dtype_seen = t.dtype
+            return t * 2
+
+        @staticmethod
+        @amp.custom_bwd
+        def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+            return g * 2
+
+    t = torch.ones(3, device="neuron", dtype=torch.float16, requires_grad=True)
+    with amp.autocast():
+        y = Double.apply(t)
+    assert y.dtype == torch.float32  # cast_inputs applied inside the neuron autocast region
+    y.sum().backward()
+    assert t.grad.tolist() == [2.0, 2.0, 2.0]

@@ -197,6 +197,7 @@ def register() -> None:
             torch._register_device_module(DEVICE_TYPE, neuron_module)
         # `from torch.neuron.memory import _record_memory_history` (the form torch.cuda's memory docs use)
         sys.modules.setdefault(f"torch.{DEVICE_TYPE}.memory", neuron_module.memory)
+        sys.modules.setdefault(f"torch.{DEVICE_TYPE}.amp", neuron_module.amp)
         if not hasattr(torch.Tensor, "is_neuron"):
             torch.utils.generate_methods_for_privateuse1_backend(
                 for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from . import amp  # torch.neuron.amp, like torch.cuda.amp
 from . import memory  # torch.neuron.memory, like torch.cuda.memory
 from ._backend import lib as _lib
 from .memory import _device_index as _memory_device_index
@@ -49,6 +50,7 @@ __all__ = [
     "_dump_snapshot",
     "_record_memory_history",
     "_snapshot",
+    "amp",
     "caching_allocator_alloc",
     "caching_allocator_delete",
     "current_device",
