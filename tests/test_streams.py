@@ -986,3 +986,43 @@ def test_stream_queries_for_a_device_that_does_not_exist_raise(index: int) -> No
     for query in (torch.accelerator.current_stream, lambda i: torch.Stream(device=f"neuron:{i}")):
         with pytest.raises(RuntimeError, match=f"invalid neuron device index {index}"):
             query(index)
+
+
+@pytest.mark.parametrize("direction", ["h2d", "d2h"])
+@pytest.mark.parametrize("free", ["storage resize_(0)", "tensor resize_ larger", "del"])
+def test_pinned_memory_freed_under_a_queued_copy_stays_until_the_copy_ran(direction: str, free: str) -> None:
+    # The queued copy held the pinned tensor's storage, whose memory a resize swaps and frees: the copy then read
+    # or wrote freed memory (a segfault). As CUDA's host allocator keeps a block until its copies are done, the
+    # block stays until the copy has run; the freed bytes go back to the system then.
+    facts = run_child(f"""
+import json, torch, torchneuron_lab
+N = 1 << 22
+torch.neuron._sleep(500)                      # the stream is busy: the copies below wait in the queue
+stats0 = torch.neuron.host_memory_stats()
+direction, free = {direction!r}, {free!r}
+if direction == "h2d":
+    p = torch.empty(N, pin_memory=True).fill_(1.5)
+    dev = torch.empty(N, device="neuron")
+    dev.copy_(p, non_blocking=True)
+else:
+    dev = torch.full((N,), 2.5, device="neuron")
+    p = torch.empty(N, pin_memory=True)
+    p.copy_(dev, non_blocking=True)
+pending = not torch.neuron.current_stream().query()
+if free == "storage resize_(0)":
+    p.untyped_storage().resize_(0)
+elif free == "tensor resize_ larger":
+    p.resize_(4 * N)
+else:
+    del p
+junk = [torch.full((N,), -1.0) for _ in range(4)]  # reuses freed host memory, if any was freed
+freed_early = torch.neuron.host_memory_stats()["num_host_free"] - stats0.get("num_host_free", 0)
+torch.neuron.synchronize()
+print(json.dumps({{"pending": pending, "dev": dev.cpu().unique().tolist() if direction == "h2d" else None,
+                   "junk": sorted({{float(v) for t in junk for v in t.unique()}}), "freed": freed_early}}))
+""")
+    assert facts["pending"] is True
+    assert facts["junk"] == [-1.0]                   # nothing the copy wrote landed in reused memory
+    if direction == "h2d":
+        assert facts["dev"] == [1.5]                 # the copy read the bytes it was launched with
+    assert facts["freed"] >= 1                       # freed for the user (stats) at once

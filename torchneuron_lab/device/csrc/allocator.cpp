@@ -798,7 +798,17 @@ RedirectCpuAllocator* g_redirect = nullptr;
 // Pinned host memory for neuron (tensor.pin_memory("neuron")): page-aligned host allocations the
 // device's DMA could use directly; isPinnedPtr() answers for any address inside one of them.
 std::mutex g_pinned_mu;
-std::map<uintptr_t, size_t> g_pinned;  // start -> bytes
+// A block's memory goes back to the system when it is freed and no queued copy uses it. A copy queued on a
+// pinned tensor (non_blocking) holds a use of the block (pinned_use), not the tensor's storage: a storage can
+// swap its memory under its users (`p.untyped_storage().resize_(0)` after `x.copy_(p, non_blocking=True)` freed
+// the block the copy was about to read: a segfault), as CUDA's host allocator keeps a block with pending
+// copies (its recorded events) until they are done.
+struct PinnedBlock {
+  size_t bytes = 0;
+  int uses = 0;        // queued copies holding it
+  bool freed = false;  // freed by its storage while used: released by the last use
+};
+std::map<uintptr_t, PinnedBlock> g_pinned;  // start -> block
 struct PinnedStats {  // under g_pinned_mu
   c10::CachingAllocator::Stat active_requests, active_bytes, allocations, allocated_bytes;
   int64_t num_host_alloc = 0, num_host_free = 0;
@@ -811,14 +821,29 @@ void pinned_free(void* ptr) {
     auto it = g_pinned.find(reinterpret_cast<uintptr_t>(ptr));
     if (it != g_pinned.end()) {
       g_pinned_stats.active_requests.decrease(1);
-      g_pinned_stats.active_bytes.decrease(it->second);
+      g_pinned_stats.active_bytes.decrease(it->second.bytes);
       g_pinned_stats.allocations.decrease(1);
-      g_pinned_stats.allocated_bytes.decrease(it->second);
+      g_pinned_stats.allocated_bytes.decrease(it->second.bytes);
       g_pinned_stats.num_host_free++;
+      if (it->second.uses > 0) {
+        it->second.freed = true;  // the last queued copy using it releases it
+        return;
+      }
       g_pinned.erase(it);
     }
   }
   std::free(ptr);
+}
+
+void pinned_unuse(void* ctx) {
+  const auto start = reinterpret_cast<uintptr_t>(ctx);
+  {
+    std::lock_guard<std::mutex> lock(g_pinned_mu);
+    auto it = g_pinned.find(start);
+    if (it == g_pinned.end() || --it->second.uses > 0 || !it->second.freed) return;
+    g_pinned.erase(it);
+  }
+  std::free(ctx);
 }
 
 // The host allocator torch sees for neuron (at::getHostAllocator(kPrivateUse1)): torch.accelerator's
@@ -837,7 +862,7 @@ class PinnedHostAllocator final : public at::HostAllocator {
     TORCH_CHECK_WITH(OutOfMemoryError, p != nullptr, "neuron pinned host memory: can't allocate ", n, " bytes");
     {
       std::lock_guard<std::mutex> lock(g_pinned_mu);
-      g_pinned[reinterpret_cast<uintptr_t>(p)] = n;
+      g_pinned[reinterpret_cast<uintptr_t>(p)] = PinnedBlock{n};
       g_pinned_stats.active_requests.increase(1);
       g_pinned_stats.active_bytes.increase(n);
       g_pinned_stats.allocations.increase(1);
@@ -917,7 +942,19 @@ bool is_pinned_host_ptr(const void* ptr) {
   auto it = g_pinned.upper_bound(p);
   if (it == g_pinned.begin()) return false;
   --it;
-  return p < it->first + std::max<size_t>(it->second, 1);
+  return !it->second.freed && p < it->first + std::max<size_t>(it->second.bytes, 1);
+}
+
+c10::DataPtr pinned_use(void* ptr) {
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> lock(g_pinned_mu);
+  auto it = g_pinned.upper_bound(p);
+  if (it == g_pinned.begin()) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+  --it;
+  if (it->second.freed || p >= it->first + std::max<size_t>(it->second.bytes, 1))
+    return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+  ++it->second.uses;
+  return c10::DataPtr(ptr, reinterpret_cast<void*>(it->first), &pinned_unuse, c10::Device(c10::kCPU));
 }
 
 bool in_bad_fork() { return g_bad_fork.load(); }

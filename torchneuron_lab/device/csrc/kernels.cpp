@@ -422,8 +422,18 @@ at::Tensor cpu_alias(const at::Tensor& t) {
 // launch's sizes, strides and offset. Holding the user's own TensorImpl, a copy read or wrote whatever the
 // tensor was when it ran: `p.t_()` after `x.copy_(p, non_blocking=True)` transposed what arrived, and
 // `h.set_(other)` after a device-to-host copy into `h` made it write into `other`'s memory.
+// A pinned tensor's alias holds a use of its pinned block instead (a storage of its own on the same memory): the
+// user's storage may swap its memory before the copy runs (`resize_`), which freed the block under the copy.
 at::Tensor host_alias(const at::Tensor& t) {
-  auto impl = c10::make_intrusive<c10::TensorImpl>(c10::Storage(t.storage()), c10::DispatchKeySet(c10::DispatchKey::CPU),
+  c10::Storage storage(t.storage());
+  if (storage.nbytes() > 0) {
+    c10::DataPtr use = pinned_use(storage.mutable_data());
+    if (use.get() != nullptr)
+      storage = c10::Storage(c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), storage.nbytes(),
+                                                                  std::move(use), /*allocator=*/nullptr,
+                                                                  /*resizable=*/false));
+  }
+  auto impl = c10::make_intrusive<c10::TensorImpl>(std::move(storage), c10::DispatchKeySet(c10::DispatchKey::CPU),
                                                    t.dtype());
   impl->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
   if (t.is_conj()) impl->_set_conj(true);

@@ -88,6 +88,9 @@ struct PlacementGuard {
 void install_redirect_cpu_allocator();
 c10::Allocator* pinned_host_allocator();  // host memory pinned for neuron (pin_memory("neuron"))
 bool is_pinned_host_ptr(const void* ptr);
+// A use of the pinned block holding `ptr` by queued work: a DataPtr to `ptr` whose deleter ends the use; the
+// block's memory stays until its last use ends, even if its storage frees it (null if `ptr` is not pinned).
+c10::DataPtr pinned_use(void* ptr);
 // fork safety (pthread_atfork): no allocator lock is held across fork(); a child forked after the
 // device was initialised gets CUDA's "Cannot re-initialize ... in forked subprocess" error on use.
 void install_fork_handlers();
