@@ -132,6 +132,34 @@ def test_sending_a_neuron_tensor_to_another_process_fails_in_the_caller() -> Non
     assert facts["pickle_to_disk_still_fine"] == {"value": [0.0, 1.0, 2.0, 3.0]}
 
 
+EXECUTOR = """
+import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+
+def ident(v):
+    return v
+
+x = torch.arange(4.0, device="neuron")
+with ProcessPoolExecutor(1, mp_context=mp.get_context("fork")) as ex:
+    fut = ex.submit(ident, x)
+    facts = {"submit": outcome(lambda: fut.result(timeout=60))}
+    facts["next_job"] = outcome(lambda: ex.submit(ident, 7).result(timeout=60))
+    facts["cpu_tensor"] = outcome(lambda: ex.submit(ident, torch.arange(3.0)).result(timeout=60))
+    facts["map"] = outcome(lambda: list(ex.map(ident, [1, x], timeout=60)))
+emit(facts)
+"""
+
+
+def test_a_process_pool_future_given_a_neuron_tensor_raises_and_the_pool_lives_on() -> None:
+    # The put guard raised inside the executor's manager thread: the thread died, the future never resolved
+    # and every later job of the pool hung. The pool's queue reports pickling errors to the future itself.
+    facts = run_child(EXECUTOR, timeout=240, outcomes=True)
+    assert facts["submit"] == {"error": "RuntimeError", "message": SHARING_ERROR}
+    assert facts["next_job"] == {"value": 7}
+    assert facts["cpu_tensor"] == {"value": [0.0, 1.0, 2.0]}
+    assert facts["map"] == {"error": "RuntimeError", "message": SHARING_ERROR}
+
+
 DATALOADER = """
 import time
 from torch.utils.data import DataLoader, Dataset

@@ -640,7 +640,16 @@ def _contains_neuron_tensor(obj: object) -> bool:
 
 
 def _guard_queue_put(original: Any) -> Any:
+    import multiprocessing.queues
+
+    base_handler = multiprocessing.queues.Queue._on_queue_feeder_error
+
     def put(self: Any, obj: Any, block: bool = True, timeout: float | None = None) -> Any:
+        # A queue that handles its feeder thread's errors itself (concurrent.futures' call queue fails the job's
+        # future) gets the pickling error there, from the guarded reducers: raised here, it killed the pool's
+        # manager thread, and the future and every later job of the pool waited forever.
+        if type(self)._on_queue_feeder_error is not base_handler:
+            return original(self, obj, block, timeout)
         if _lib().runtime_started() and _contains_neuron_tensor(obj):
             from torch.utils.data import get_worker_info
 
