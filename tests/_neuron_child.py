@@ -50,6 +50,13 @@ def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     return full
 
 
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:  # nothing left in it
+        pass
+
+
 def run_child_process(
     code: str, env: dict[str, str] | None = None, timeout: float = 180, *, outcomes: bool = False
 ) -> tuple[dict[str, Any], str]:
@@ -59,18 +66,24 @@ def run_child_process(
     the child's stderr. A hang, a crash (killed by a signal) or a failure raises AssertionError saying which.
     """
     script = (OUTCOME_PRELUDE if outcomes else "") + textwrap.dedent(code)
+    # its own process group: on a hang, or once it exits, processes it started (a pool's workers) go with it
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=child_env(env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            [sys.executable, "-c", script],
-            check=False,
-            cwd=ROOT,
-            env=child_env(env),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired as e:
+        _kill_group(proc.pid)
+        proc.communicate()
         raise AssertionError(f"child hung (no exit within {timeout} s)") from e
+    _kill_group(proc.pid)
+    proc = subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
     if proc.returncode < 0:
         how = f"crashed ({signal.Signals(-proc.returncode).name})"
     else:
