@@ -724,3 +724,15 @@ def test_torch_neuron_amp_has_torch_cuda_amps_names() -> None:
     assert y.dtype == torch.float32  # cast_inputs applied inside the neuron autocast region
     y.sum().backward()
     assert t.grad.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_from_file_on_neuron_copies_the_file_and_refuses_to_share_it(tmp_path: Any) -> None:
+    # shared=True silently gave a private device copy: writes did not reach the file, nor the file's the tensor
+    path = tmp_path / "data.bin"
+    torch.arange(8, dtype=torch.float32).numpy().tofile(path)
+    x = torch.from_file(str(path), shared=False, size=8, device="neuron")
+    assert x.device.type == "neuron" and x.tolist() == [float(i) for i in range(8)]
+    with pytest.raises(RuntimeError, match=r"from_file\(shared=True\) maps the file into host memory"):
+        torch.from_file(str(path), shared=True, size=8, device="neuron")
+    with pytest.raises(RuntimeError, match="from_file"):  # CPU's own check of the size, unchanged
+        torch.from_file(str(path), shared=False, size=100, device="neuron")

@@ -2531,6 +2531,17 @@ void fast_or_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
 }
 
 
+// torch.from_file(..., device="neuron"): the file's bytes, copied to the device (the CPU kernel, then a copy).
+// With shared=True the CPU tensor maps the file, so writes go to it both ways; a device copy cannot keep that
+// promise, so it is refused (it silently became a private copy; CUDA refuses from_file on the device at all).
+void from_file_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const c10::IValue& shared = (*stack)[stack->size() - op.schema().arguments().size() + 1];
+  TORCH_CHECK(!(shared.isBool() && shared.toBool()),
+              "torch.from_file(shared=True) maps the file into host memory; neuron memory cannot map a file. Map it "
+              "on the CPU (torch.from_file(..., shared=True)) and copy to neuron, or use shared=False");
+  neuron_fallback(op, ks, stack);
+}
+
 // div_: its complex32 (CUDA has it, the CPU kernel not) is upcast as div's
 void fast_or_upcast(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   if (!try_fast_launch(op, stack)) upcast_or_fallback(op, ks, stack);
@@ -3026,6 +3037,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"add.Tensor", "add_.Tensor", "sub.Tensor", "sub_.Tensor", "mul.Tensor", "mul_.Tensor"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&fast_or_fallback>());
   m.impl("div_.Tensor", torch::CppFunction::makeFromBoxedFunction<&fast_or_upcast>());
+  m.impl("from_file", torch::CppFunction::makeFromBoxedFunction<&from_file_kernel>());
   // CompositeExplicitAutograd kernels that pick a backend by device type: run them on the CPU side.
   for (const char* name : {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
                            "convolution_backward_overrideable"}) {
