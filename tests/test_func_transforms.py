@@ -130,3 +130,31 @@ def test_compiled_vmap_over_attention_is_inductor_cpus() -> None:
 
     cpu, neuron = _on_both(make)
     torch.testing.assert_close(neuron.cpu(), cpu, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("cell", ["GRUCell", "LSTMCell"])
+def test_forward_ad_through_a_fused_rnn_cell_raises_as_on_cuda(cell: str) -> None:
+    # torch.nn picks the fused cells (_thnn_fused_*_cell) for every non-CPU device; torch 2.13 has no forward
+    # formula for them (documented in csrc/README.md). Reverse mode through the same cells is CPU's bit for bit.
+    torch.manual_seed(0)
+    m = getattr(nn, cell)(5, 4).to("neuron")
+    x, t = torch.randn(3, 5, device="neuron"), torch.randn(3, 5, device="neuron")
+    fused = "_thnn_fused_gru_cell" if cell == "GRUCell" else "_thnn_fused_lstm_cell"
+    with pytest.raises(NotImplementedError, match=f"Trying to use forward AD with {fused}"):
+        jvp(lambda a: m(a), (x,), (t,))
+    params = {k: v.detach() for k, v in m.named_parameters()}
+    got = grad(
+        lambda p: torch.stack(
+            list(functional_call(m, p, (x,))) if cell == "LSTMCell" else [functional_call(m, p, (x,))]
+        ).sum()
+    )(params)
+    cpu = getattr(nn, cell)(5, 4)
+    cpu.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()})
+    cpu_params = {k: v.detach() for k, v in cpu.named_parameters()}
+    xc = x.cpu()
+    want = grad(
+        lambda p: torch.stack(
+            list(functional_call(cpu, p, (xc,))) if cell == "LSTMCell" else [functional_call(cpu, p, (xc,))]
+        ).sum()
+    )(cpu_params)
+    _equal(want, got)
