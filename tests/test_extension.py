@@ -812,3 +812,27 @@ def test_a_failing_memory_snapshot_keeps_the_profile_and_the_cells_own_error(mon
     assert isinstance(error, ValueError) and str(error) == "the cell's own error"
     assert res.memory_snapshot is None
     assert sum(1 for e in res.trace.events if e.name == "aten::mul.Tensor") == 1
+
+
+def test_ctrl_c_while_the_watch_waits_for_the_cells_kernels_fails_the_cell(ip: Any) -> None:
+    """The watch waits for a cell's queued kernels at its end. A Ctrl-C there drops the kernels not yet run (as
+    in any host wait); the drain swallowed the interrupt, and the cell reported success with results never
+    computed. Now the cell fails with KeyboardInterrupt, the recorder is left stopped, and the next cell runs."""
+    import signal
+    import threading
+
+    run(ip, "wk = torch.ones(256, device='neuron')")
+    with capture_output() as cap:
+        magic(ip, "neuron_watch on")
+        timer = threading.Timer(0.4, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        # the cell returns at once; its kernels wait 1.5 s behind the sleep, and the watch waits for them
+        r = ip.run_cell("torch.neuron._sleep(1500)\nwouts = [wk + i for i in range(50)]", store_history=True)
+        timer.join()
+        after = ip.run_cell("wnext = (wk * 2).sum().item()", store_history=True)
+        magic(ip, "neuron_watch off")
+    assert isinstance(r.error_in_exec, KeyboardInterrupt), r
+    assert r.success is False
+    assert "the kernels not yet run were dropped" in cap.stderr
+    assert after.error_in_exec is None and ip.user_ns["wnext"] == 512.0
+    assert not recorder.is_recording()

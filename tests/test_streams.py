@@ -626,8 +626,9 @@ def test_a_waiting_host_is_woken_when_its_position_completes_not_at_every_kernel
     torch.neuron.synchronize()
     waited_s = time.perf_counter() - t0
     sync_sleeps = _voluntary_switches() - before
-    # one sleep per wake-up; the wait re-checks Ctrl-C every 50 ms, so allow one per 50 ms and a few more
-    assert sync_sleeps <= 5 + int(waited_s / 0.05), (sync_sleeps, waited_s)
+    # one sleep per wake-up; the wait re-checks Ctrl-C every 50 ms, so allow one per 50 ms and a few more (the
+    # scheduler's own preemptions count too: 6 in 38 ms was seen once; the defect woke ~500 times)
+    assert sync_sleeps <= 10 + int(waited_s / 0.05), (sync_sleeps, waited_s)
 
     # the same for a host that filled the launch queue and waits until half of it has run
     a = torch.zeros(512, 512, device="neuron")
@@ -639,7 +640,7 @@ def test_a_waiting_host_is_woken_when_its_position_completes_not_at_every_kernel
     launch_s = time.perf_counter() - t0
     full_sleeps = _voluntary_switches() - before
     torch.neuron.synchronize()
-    assert full_sleeps <= 5 + int(launch_s / 0.05), (full_sleeps, launch_s)
+    assert full_sleeps <= 10 + int(launch_s / 0.05), (full_sleeps, launch_s)
     assert a.cpu().eq(1100).all()
     assert b.cpu().eq(0).all()
 

@@ -243,7 +243,7 @@ def _drain_at_exit() -> None:  # kernels still queued finish before the interpre
         pass
     try:
         _lib().drain()
-    except Exception:  # noqa: BLE001, S110 - exit must not fail
+    except (Exception, KeyboardInterrupt):  # noqa: BLE001, S110 - exit must not fail (Ctrl-C: queued work dropped)
         pass
     _report_pending_errors_at_exit()
 

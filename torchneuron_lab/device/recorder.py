@@ -99,13 +99,20 @@ def warm_meta_kernels() -> None:
 
 
 def stop() -> None:
-    lib().drain()  # kernels still queued record their events first
-    lib().recorder_stop()
+    """Stop recording once the queued kernels have run and recorded their events. A Ctrl-C in that wait drops
+    the kernels still queued by this thread (as any host wait does) and raises KeyboardInterrupt, with the
+    recorder stopped."""
+    try:
+        lib().drain()  # kernels still queued record their events first
+    finally:
+        lib().recorder_stop()
 
 
 def clear() -> None:
-    lib().drain()
-    lib().recorder_clear()
+    try:
+        lib().drain()
+    finally:
+        lib().recorder_clear()
 
 
 def is_recording() -> bool:

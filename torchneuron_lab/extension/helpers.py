@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import sys
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -526,7 +527,17 @@ class Watch:
             self._start()
 
     def post_run_cell(self, result: Any = None) -> None:
-        line = self.collect(getattr(result, "execution_count", None))
+        try:
+            line = self.collect(getattr(result, "execution_count", None))
+        except KeyboardInterrupt as e:
+            # Ctrl-C while the watch waited for the cell's queued kernels: those not yet run were dropped (as in
+            # any host wait), so the cell fails as if the Ctrl-C had landed in it (it reported success, and its
+            # later results were never computed). The front end sees the cell's error (its status, Run All).
+            if result is not None and result.error_before_exec is None and result.error_in_exec is None:
+                result.error_in_exec = e
+            print("KeyboardInterrupt: while %neuron_watch waited for this cell's queued kernels; the kernels not "
+                  "yet run were dropped, so this cell's later results were not computed", file=sys.stderr)
+            return
         if line.eventful:
             print(line)
 
@@ -535,9 +546,11 @@ class Watch:
         from ..device import recorder
 
         if self._owns_recorder:
-            recorder.stop()
-            recorder.clear()
             self._owns_recorder = False
+            try:
+                recorder.stop()
+            finally:
+                recorder.clear()
 
     def collect(self, cell: int | None) -> WatchLine:
         from ..compiler import capture, signatures
@@ -547,10 +560,15 @@ class Watch:
         counts = dict(self._extra)
         self._extra = {"kernel": 0, "dma": 0, "sync": 0}
         if self._owns_recorder:
-            recorder.stop()
+            self._owns_recorder = False
+            try:
+                recorder.stop()  # waits for the cell's queued kernels
+            except KeyboardInterrupt:
+                self._waits = []
+                recorder.clear()
+                raise
             self._count_into(recorder.read(), counts)
             recorder.clear()
-            self._owns_recorder = False
         waits = host_waits(self._waits, top=3)
         self._waits = []
         new = sum(len(v) for v in signatures.new_since(self._sig_mark).values())

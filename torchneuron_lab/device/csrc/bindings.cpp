@@ -629,7 +629,7 @@ void init_module(py::module& m) {
   }, py::arg("device"), py::arg("ms"));
   m.def("drain", []() {
     py::gil_scoped_release nogil;
-    drain_all();
+    drain_all(/*raise_interrupt=*/true);
   });
   // Event.elapsed_time for torch.neuron.Event (torch.Event's own method accepts only exact torch.Event
   // objects): the events by their event_id (the address of their NeuronEvent), which must be live events.

@@ -280,7 +280,9 @@ void synchronize_device(int device, const char* what);
 void synchronize_all(const char* what);
 // Waits for every queued kernel of every device, recording nothing and raising nothing (reading the
 // recorder, interpreter exit). GIL released while waiting.
-void drain_all();
+// Waits for every queued launch of every device. A Ctrl-C in the wait drops this thread's queued launches (as
+// every host wait does); raise_interrupt: then raises the KeyboardInterrupt once all is drained, else drops it.
+void drain_all(bool raise_interrupt = false);
 void raise_async_error(int device);
 // On a worker: the stream and launch being executed (stream -1 and nullptr on host threads).
 int worker_stream();

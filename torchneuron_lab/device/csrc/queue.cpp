@@ -926,8 +926,9 @@ void synchronize_device(int device, const char* what) {
   raise_async_error(device);
 }
 
-void drain_all() {
+void drain_all(bool raise_interrupt) {
   if (tls_worker_stream >= 0 || in_bad_fork()) return;  // a forked child's inherited queues never drain
+  std::exception_ptr interrupt;  // a Ctrl-C in one of the waits (this thread's queued launches were dropped)
   for (int d = 0; d < kMaxDevices; ++d) {
     DeviceQueues* q = g_queues[d];
     if (q == nullptr) continue;
@@ -944,10 +945,15 @@ void drain_all() {
       }
       try {
         wait_on(*s, pos, "drain");
+      } catch (const python_error&) {
+        if (!interrupt) interrupt = std::current_exception();
       } catch (...) {
       }
     }
   }
+  // Swallowed, the interrupt left the kernels it dropped unsaid: `%neuron_watch`'s end-of-cell drain reported
+  // a cell whose later results were never computed as a success.
+  if (raise_interrupt && interrupt) std::rethrow_exception(interrupt);
 }
 
 void synchronize_all(const char* what) {
