@@ -760,3 +760,28 @@ def test_explain_counts_only_its_own_breaks_after_other_compiles() -> None:
                 capture._breaks.remove(b)
     assert rep.break_count == 2
     assert {b.filename for b in rep.graph_breaks} == {__file__}
+
+
+def _breaks_in_a_callee(t: torch.Tensor) -> torch.Tensor:
+    t = t.sin()
+    torch._dynamo.graph_break()
+    return t.cos()
+
+
+def test_explain_of_a_statement_leaves_no_compiled_code_to_the_users_later_compile() -> None:
+    # %neuron_graph_breaks f(x) explains a fresh copy of the statement, but Dynamo compiled f's own frames (and
+    # its resume functions) on the way: the user's later torch.compile(f) reused them, compiled nothing, and a
+    # profile of that cell reported no graphs and no breaks
+    x = neuron(4)
+
+    def statement() -> torch.Tensor:
+        return _breaks_in_a_callee(x)
+
+    rep = explain(statement)
+    assert rep.break_count >= 1
+    n = len(registry.records())
+    breaks = sum(b.count for b in capture.graph_breaks())
+    out = torch.compile(_breaks_in_a_callee, backend="neuron")(x)
+    assert len(registry.records()) - n == 2          # compiled anew: the graph before the break and after it
+    assert sum(b.count for b in capture.graph_breaks()) - breaks == 1
+    torch.testing.assert_close(out.cpu(), x.cpu().sin().cos())

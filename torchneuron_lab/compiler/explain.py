@@ -88,17 +88,31 @@ def explain(fn: Any, *args: Any, **kwargs: Any) -> ExplainReport:
     from .backend import register_backend
 
     register_backend()
+    from torch._dynamo import convert_frame
+
     fresh = _fresh_copy(fn)
     if fresh is None:  # not a plain function or method (e.g. an nn.Module): start from empty caches
         torch._dynamo.reset()
         fresh = fn
+    # code objects Dynamo had not met before: what this compile leaves on them (the frames of functions the
+    # copy calls, and their resume functions after a break) is dropped afterwards. The user's own later
+    # torch.compile of such a function reused them, compiled nothing and hit no break in a profile.
+    trackers = (convert_frame.input_codes, convert_frame.output_codes)
+    known = set().union(*(t.seen_ids for t in trackers))
     n_graphs = len(registry.records())
     # keyed as the capture keys its records: one site can have a record per Dynamo counter (a break Dynamo
     # first counts as "unimplemented", then as "graph_break"), and a key without the counter mixed them up
     n_breaks = {capture._key(b): b.count for b in capture.graph_breaks()}
     n_recompiles = len(capture.recompiles())
     compiled = torch.compile(fresh, backend="neuron")
-    output = compiled(*args, **kwargs)
+    try:
+        output = compiled(*args, **kwargs)
+    finally:
+        for tracker in trackers:
+            for ref in list(tracker.seen):
+                code = ref()
+                if code is not None and id(code) not in known:
+                    torch._C._dynamo.eval_frame.reset_code(code)
     breaks: list[GraphBreak] = []
     for b in capture.graph_breaks():
         before = n_breaks.get(capture._key(b), 0)
