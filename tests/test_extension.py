@@ -188,6 +188,15 @@ def test_graph_breaks_and_subgraphs_bad_input(ip: Any) -> None:
         magic(ip, "neuron_subgraphs 99999")
     with pytest.raises(UsageError, match="invalid int value"):
         magic(ip, "neuron_subgraphs abc")
+    # an unknown option carries the usage line as every other magic's errors do; a statement that starts with
+    # a minus is a statement (both were "unknown option in ..." without the usage line)
+    for line in ("--bogus f(x)", "-x 1", "-q --bogus f(x)"):
+        with pytest.raises(UsageError, match=r"unknown option '-[-a-z]+' in [\s\S]*%neuron_graph_breaks \[-q\]"):
+            magic(ip, f"neuron_graph_breaks {line}")
+    run(ip, "gneg = torch.ones(3, device='neuron')\ndef gf_neg(t):\n    return t + 1")
+    with capture_output():
+        res = magic(ip, "neuron_graph_breaks -o -gf_neg(gneg).sum()")
+    assert res.output.item() == -6.0 and res.graphs
 
 
 # --------------------------------------------------------------------------- %neuron_memory

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import contextlib
 import shlex
 import sys
@@ -155,7 +156,7 @@ class NeuronMagics(Magics):
             %%neuron_graph_breaks
             y = model(x)
         """
-        flags, statement = _split_flags(line)
+        flags, statement = _split_flags(self.neuron_graph_breaks, line)
         args = _parse(self.neuron_graph_breaks, " ".join(flags))
         if cell is not None:
             if statement.strip():
@@ -322,8 +323,10 @@ class NeuronMagics(Magics):
         print(f"neuron_watch {args.state}")
 
 
-def _split_flags(line: str) -> tuple[list[str], str]:
-    """Leading ``-q``/``-o`` flags, and the rest of the line verbatim."""
+def _split_flags(magic: Callable[..., Any], line: str) -> tuple[list[str], str]:
+    """Leading ``-q``/``-o`` flags, and the rest of the line verbatim. A leading word shaped like an option
+    (``-x``, ``--bogus``) that is not one is a ``UsageError`` with the magic's usage line; a statement that
+    starts with a minus (``-f(x)``) is a statement."""
     flags: list[str] = []
     rest = line.lstrip()
     while rest.startswith("-"):
@@ -332,8 +335,8 @@ def _split_flags(line: str) -> tuple[list[str], str]:
             break
         flags.append(tok)
         rest = rest[len(tok):].lstrip()
-    if rest and not flags and rest.startswith("-"):
-        raise UsageError(f"unknown option in {shlex.quote(line)}")
+    if rest and re.fullmatch(r"--?[A-Za-z][\w-]*", rest.split(None, 1)[0]):
+        raise _usage(magic, f"unknown option {rest.split(None, 1)[0]!r} in {shlex.quote(line)}")
     return flags, rest
 
 
