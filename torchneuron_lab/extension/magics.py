@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import ast
-import re
 import contextlib
+import re
 import shlex
 import sys
 from collections.abc import Callable
