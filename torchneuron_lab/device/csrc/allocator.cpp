@@ -848,9 +848,9 @@ void pinned_unuse(void* ctx) {
 
 // The host allocator torch sees for neuron (at::getHostAllocator(kPrivateUse1)): torch.accelerator's
 // empty_host_cache() called through a null one (a segfault once a neuron tensor existed). Pinned memory is
-// not cached here: it goes back to the system when freed (a queued copy holds its source or destination
-// tensor until it has run, so nothing needs a stream record), so empty_cache has nothing to release and
-// the stats count live allocations.
+// not cached here: it goes back to the system when freed, or when the last queued copy using it has run (a
+// copy holds a use of the block, pinned_use, so nothing needs a stream record); empty_cache has nothing to
+// release and the stats count the allocations their storages hold.
 class PinnedHostAllocator final : public at::HostAllocator {
  public:
   c10::DataPtr allocate(size_t n) override {

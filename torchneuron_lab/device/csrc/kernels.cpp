@@ -2530,7 +2530,6 @@ void fast_or_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, tor
   if (!try_fast_launch(op, stack)) neuron_fallback(op, ks, stack);
 }
 
-
 // torch.from_file(..., device="neuron"): the file's bytes, copied to the device (the CPU kernel, then a copy).
 // With shared=True the CPU tensor maps the file, so writes go to it both ways; a device copy cannot keep that
 // promise, so it is refused (it silently became a private copy; CUDA refuses from_file on the device at all).
