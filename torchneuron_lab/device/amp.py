@@ -23,7 +23,9 @@ def _deprecated(old: str, new: str) -> None:
 
 def amp_definitely_not_available() -> bool:
     """Whether no neuron device is there for autocast (torch.cuda.amp's question, asked of neuron)."""
-    return not torch.neuron.is_available()
+    from .neuron_module import is_available
+
+    return not is_available()
 
 
 class autocast(torch.amp.autocast_mode.autocast):

@@ -8,8 +8,10 @@ from typing import Any
 
 import torch
 
-from . import amp  # torch.neuron.amp, like torch.cuda.amp
-from . import memory  # torch.neuron.memory, like torch.cuda.memory
+from . import (
+    amp,  # torch.neuron.amp, like torch.cuda.amp
+    memory,  # torch.neuron.memory, like torch.cuda.memory
+)
 from ._backend import lib as _lib
 from .memory import _device_index as _memory_device_index
 from .memory import (
@@ -642,7 +644,7 @@ def _contains_neuron_tensor(obj: object) -> bool:
 def _guard_queue_put(original: Any) -> Any:
     import multiprocessing.queues
 
-    base_handler = multiprocessing.queues.Queue._on_queue_feeder_error
+    base_handler = multiprocessing.queues.Queue._on_queue_feeder_error  # type: ignore[attr-defined]
 
     def put(self: Any, obj: Any, block: bool = True, timeout: float | None = None) -> Any:
         # A queue that handles its feeder thread's errors itself (concurrent.futures' call queue fails the job's
