@@ -562,13 +562,10 @@ class Watch:
         if self._owns_recorder:
             self._owns_recorder = False
             try:
-                recorder.stop()  # waits for the cell's queued kernels
-            except KeyboardInterrupt:
-                self._waits = []
+                recorder.stop()  # waits for the cell's queued kernels (a Ctrl-C there propagates)
+                self._count_into(recorder.read(), counts)
+            finally:
                 recorder.clear()
-                raise
-            self._count_into(recorder.read(), counts)
-            recorder.clear()
         waits = host_waits(self._waits, top=3)
         self._waits = []
         new = sum(len(v) for v in signatures.new_since(self._sig_mark).values())

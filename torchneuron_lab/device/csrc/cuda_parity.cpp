@@ -17,7 +17,6 @@
 #include <ATen/native/TypeProperties.h>
 #include <torch/library.h>
 
-#include <algorithm>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -337,8 +336,11 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
     }
   }
 
-  std::vector<std::pair<Tensor, Tensor>> written;  // (original argument, widened copy)
-  std::vector<Tensor> rounded;                      // widened copies of wider out= tensors, rounded to complex32
+  struct Written {
+    Tensor orig, up;     // the argument and its widened copy
+    bool round = false;  // a wider out=: the widened result is rounded to complex32 (half) before the cast
+  };
+  std::vector<Written> written;
   for (size_t i = 0; i < nargs; ++i) {
     c10::IValue& v = (*stack)[base + i];
     if (schema.arguments()[i].name() == "dtype" && v.isInt()) {
@@ -351,8 +353,7 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
       // computed into a temporary of the widened dtype (or its real dtype: angle), rounded, then cast
       const c10::ScalarType temp = c10::isComplexType(t.scalar_type()) ? widened : c10::toRealValueType(widened);
       Tensor up = at::empty({0}, t.options().dtype(temp));
-      written.emplace_back(t, up);
-      rounded.push_back(up);
+      written.push_back({t, up, /*round=*/true});
       v = c10::IValue(up);
       continue;
     }
@@ -360,14 +361,13 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
     const c10::ScalarType w = is_histc && is_write_arg(schema, i) ? widened : widen_for(rule, t.scalar_type());
     if (w == t.scalar_type()) continue;
     Tensor up = t.to(w);
-    if (is_write_arg(schema, i)) written.emplace_back(t, up);
+    if (is_write_arg(schema, i)) written.push_back({t, up});
     v = c10::IValue(up);
   }
   run_fallback(op, ks, stack);
-  for (auto& [orig, up] : written) {
-    if (orig.sizes() != up.sizes()) orig.resize_(up.sizes());
-    const bool round = std::any_of(rounded.begin(), rounded.end(), [&](const Tensor& r) { return r.is_same(up); });
-    orig.copy_(round ? up.to(narrow_to(up.scalar_type(), widened, *original)) : up);
+  for (Written& w : written) {
+    if (w.orig.sizes() != w.up.sizes()) w.orig.resize_(w.up.sizes());
+    w.orig.copy_(w.round ? w.up.to(narrow_to(w.up.scalar_type(), widened, *original)) : w.up);
   }
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
@@ -376,9 +376,9 @@ void upcast_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch:
     if (!v.isTensor() || !v.toTensor().defined()) continue;
     const Tensor r = v.toTensor();
     bool done = false;
-    for (auto& [orig, up] : written) {
-      if (r.is_same(up)) {
-        v = c10::IValue(orig);
+    for (const Written& w : written) {
+      if (r.is_same(w.up)) {
+        v = c10::IValue(w.orig);
         done = true;
         break;
       }
