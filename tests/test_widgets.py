@@ -481,6 +481,22 @@ def test_segment_map_at_a_moment_and_top_allocations() -> None:
     assert F.segment_map_figure(snap, at_index=-1 + 1).layout.meta["blocks"] == 0  # after segment_alloc only
 
 
+def test_memory_views_refuse_a_device_the_snapshot_does_not_hold() -> None:
+    snap = fake_snapshot()  # device_traces for neuron:0 and neuron:1
+    assert F.memory_timeline(snap, 1)["allocated"] == []
+    for bad in (2, 5, -1):
+        for call in (lambda: F.memory_timeline(snap, bad), lambda: F.segment_map_figure(snap, device=bad),
+                     lambda: F.top_allocations(snap, device=bad), lambda: MemoryWidget(snap, device=bad)):
+            with pytest.raises(ValueError, match=rf"neuron:{bad} is not in this snapshot: it holds neuron:0 and neuron:1"):
+                call()
+    with pytest.raises(TypeError, match="device must be an int, not str"):
+        MemoryWidget(snap, device="1")
+    one = fake_snapshot()["device_traces"][0]  # one device's trace entries
+    assert len(F.memory_timeline(one, 0)["allocated"]) == 6
+    with pytest.raises(ValueError, match=r"neuron:1 is not in this snapshot: it holds neuron:0\b"):
+        F.memory_timeline(one, 1)
+
+
 def test_memory_figure_peak_equals_the_devices_peak() -> None:
     mem = torch.neuron.memory
     torch.neuron.synchronize()

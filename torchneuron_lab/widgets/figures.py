@@ -1157,6 +1157,22 @@ def _device_traces(snapshot: Mapping[str, Any] | Sequence[Mapping[str, Any]]) ->
     return [list(snapshot)]  # one device's trace entries
 
 
+def _device_entries(snapshot: Mapping[str, Any] | Sequence[Mapping[str, Any]], device: Any) -> list[Mapping[str, Any]]:
+    """``device``'s history entries; a device the snapshot does not hold raises (an empty view of it
+    would read as "nothing allocated"). A snapshot without ``device_traces`` holds the devices of its
+    segments, and at least neuron:0."""
+    if isinstance(device, bool) or not isinstance(device, int):
+        raise TypeError(f"device must be an int, not {type(device).__name__}")
+    traces = _device_traces(snapshot)
+    n = len(traces)
+    if isinstance(snapshot, Mapping) and "device_traces" not in snapshot:
+        n = max([int(s.get("device", 0)) + 1 for s in snapshot.get("segments", [])] + [1])
+    if not 0 <= device < n:
+        held = "neuron:0" if n == 1 else f"neuron:0 and neuron:{n - 1}" if n == 2 else f"neuron:0 to neuron:{n - 1}"
+        raise ValueError(f"neuron:{device} is not in this snapshot: it holds {held}")
+    return traces[device] if device < len(traces) else []
+
+
 def memory_timeline(
     snapshot: Mapping[str, Any] | Sequence[Mapping[str, Any]], device: int = 0
 ) -> dict[str, Any]:
@@ -1170,8 +1186,7 @@ def memory_timeline(
     "peak_reserved", "ooms": [{"time_us", "index", "allocated", "device_free", "size"}]}``; entry ``i``
     of each series is the state after the ``i``-th action.
     """
-    traces = _device_traces(snapshot)
-    entries = traces[device] if device < len(traces) else []
+    entries = _device_entries(snapshot, device)
     d_alloc = np.zeros(len(entries), dtype=np.int64)
     d_res = np.zeros(len(entries), dtype=np.int64)
     for i, ent in enumerate(entries):
@@ -1307,13 +1322,12 @@ def _user_frame(frames: Sequence[Mapping[str, Any]], mapper: Any = None) -> str:
 def _state_at(snapshot: Mapping[str, Any], device: int, index: int | None) -> tuple[dict[int, int], dict[int, dict[str, Any]]]:
     """Segments ``{addr: size}`` and live blocks ``{addr: {size, frames}}`` after action ``index``
     (None: now), undoing later actions of ``device_traces`` from the current state."""
+    entries = _device_entries(snapshot, device)
     segs = {int(s["address"]): int(s["total_size"]) for s in snapshot.get("segments", [])
             if int(s.get("device", 0)) == device}
     blocks = {int(b["address"]): {"size": int(b["size"]), "frames": list(b.get("frames", []))}
               for s in snapshot.get("segments", []) if int(s.get("device", 0)) == device
               for b in s.get("blocks", []) if b.get("state") == "active_allocated"}
-    traces = _device_traces(snapshot)
-    entries = traces[device] if device < len(traces) else []
     if index is None:
         return segs, blocks
     alloc_frames: dict[int, list[Any]] = {}

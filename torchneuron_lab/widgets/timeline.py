@@ -532,10 +532,10 @@ class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
     """Allocator history and state: what ``%neuron_memory`` shows, read from a ``_snapshot()`` dict."""
 
     def __init__(self, snapshot: Mapping[str, Any], *, device: int = 0, top: int = 10) -> None:
+        self.timeline = F.memory_timeline(snapshot, device)  # raises for a device the snapshot does not hold
         self.snapshot = snapshot
         self.device = device
         self.top = top
-        self.timeline = F.memory_timeline(snapshot, device)
         n = len(self.timeline["time_us"])
         self.history = _FigureWidget(F.memory_figure(snapshot))
         self.slider = W.IntSlider(value=max(n - 1, 0), min=0, max=max(n - 1, 0), description="moment",
