@@ -146,6 +146,42 @@ def test_backend_found_through_entry_point_in_fresh_interpreter() -> None:
     assert facts == {"device": "neuron:0", "close": True, "kinds": ["inference"], "calls": [1]}
 
 
+@pytest.mark.parametrize("inductor_first", [False, True])
+def test_aotinductor_refuses_a_neuron_graph_naming_what_to_do(inductor_first: bool) -> None:
+    # torch._inductor imported after the device (an import hook wraps aot_compile) or before it (wrapped at once);
+    # it failed with InductorError: KeyError: 'neuron'
+    facts = run_child(
+        """
+        FIRST
+        import json, sys, torch, torchneuron_lab
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.ones(4))
+            def forward(self, x):
+                return x.sin() * self.w
+        class ToDevice(torch.nn.Module):
+            def forward(self, x):
+                return x.to("neuron").sin()
+        out = {}
+        for name, mod, x in (("parameters and input", M().to("neuron"), torch.randn(4, device="neuron")),
+                             ("a value in the graph", ToDevice(), torch.randn(4))):
+            ep = torch.export.export(mod, (x,))
+            import torch._inductor
+            try:
+                torch._inductor.aoti_compile_and_package(ep)
+            except Exception as e:
+                out[name] = [type(e).__name__, str(e).split(":")[0]]
+        out["hook_left"] = sum(type(f).__name__ == "_AfterImport" for f in sys.meta_path)
+        print(json.dumps(out))
+        """.replace("FIRST", "import torch._inductor" if inductor_first else "pass"),
+        timeout=300,
+    )
+    msg = "AOTInductor (torch._inductor.aot_compile / aoti_compile_and_package) does not generate code for the neuron device"
+    assert facts == {"parameters and input": ["NotImplementedError", msg],
+                     "a value in the graph": ["NotImplementedError", msg], "hook_left": 0}
+
+
 # ---------------------------------------------------------------------------------------------------
 # graph breaks
 

@@ -9,13 +9,27 @@ moved to neuron, flex attention's ``create_block_mask(..., device="neuron", _com
 backend instead -- Inductor's own ``compile_fx`` pipeline with the emulated device's
 runtime around it, the same as ``backend="neuron"`` with that config. Graphs on other devices go to Inductor
 unchanged. Installed when the device is registered (no import of Dynamo or Inductor here).
+
+AOTInductor (``torch._inductor.aot_compile``, which ``aoti_compile_and_package`` and ``torch._export.aot_compile``
+call) generates a shared library for the graph's device and has no code generator for neuron: it failed with
+``InductorError: KeyError: 'neuron'``. Once ``torch._inductor`` is imported (an import hook: importing it costs
+seconds), ``aot_compile`` refuses a graph on neuron tensors with a ``NotImplementedError`` that says what to do.
 """
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
 from typing import Any
 
 _MARK = "_torchneuron_lab_redirect"
+_AOTI_REFUSAL = (
+    "AOTInductor (torch._inductor.aot_compile / aoti_compile_and_package) does not generate code for the neuron "
+    "device: the emulated NeuronCore runs Inductor's CPU code through torch.compile(backend=\"neuron\"). Export "
+    "and package the model on CPU (move the module and example inputs with .to(\"cpu\") before torch.export), "
+    "or compile it with torch.compile"
+)
 
 
 def _on_neuron(model: Any, inputs: Any) -> bool:
@@ -62,3 +76,59 @@ def install() -> None:
     __call__.__doc__ = inductor_call.__doc__
     __call__.__wrapped__ = inductor_call  # type: ignore[attr-defined]
     cls.__call__ = __call__
+
+
+def _refuse_aoti_on_neuron(inductor: Any) -> None:
+    """Wrap ``torch._inductor.aot_compile`` (the module global its callers look up) once."""
+    aot_compile = getattr(inductor, "aot_compile", None)
+    if aot_compile is None or getattr(aot_compile, _MARK, False):
+        return
+
+    def wrapped(gm: Any, args: Any, kwargs: Any = None, **options: Any) -> Any:
+        from torch.utils._pytree import tree_leaves
+
+        if _on_neuron(gm, tree_leaves((args, kwargs))):
+            raise NotImplementedError(_AOTI_REFUSAL)
+        return aot_compile(gm, args, kwargs, **options)
+
+    setattr(wrapped, _MARK, True)
+    wrapped.__doc__ = aot_compile.__doc__
+    wrapped.__wrapped__ = aot_compile  # type: ignore[attr-defined]
+    inductor.aot_compile = wrapped
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs ``callback(module)`` right after ``name`` is first executed (a post-import hook)."""
+
+    def __init__(self, name: str, callback: Any) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader, finder = spec.loader, self
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)  # type: ignore[union-attr]
+                if finder in sys.meta_path:
+                    sys.meta_path.remove(finder)
+                finder.callback(module)
+
+        spec.loader = _Loader()
+        return spec
+
+
+def install_aoti_refusal() -> None:
+    """Refuse AOTInductor on neuron graphs now if ``torch._inductor`` is imported, else when it is (idempotent)."""
+    mod = sys.modules.get("torch._inductor")
+    if mod is not None:
+        _refuse_aoti_on_neuron(mod)
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport("torch._inductor", _refuse_aoti_on_neuron))
