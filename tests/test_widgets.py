@@ -485,8 +485,8 @@ def test_memory_views_refuse_a_device_the_snapshot_does_not_hold() -> None:
     snap = fake_snapshot()  # device_traces for neuron:0 and neuron:1
     assert F.memory_timeline(snap, 1)["allocated"] == []
     for bad in (2, 5, -1):
-        for call in (lambda: F.memory_timeline(snap, bad), lambda: F.segment_map_figure(snap, device=bad),
-                     lambda: F.top_allocations(snap, device=bad), lambda: MemoryWidget(snap, device=bad)):
+        for call in (lambda d=bad: F.memory_timeline(snap, d), lambda d=bad: F.segment_map_figure(snap, device=d),
+                     lambda d=bad: F.top_allocations(snap, device=d), lambda d=bad: MemoryWidget(snap, device=d)):
             with pytest.raises(ValueError, match=rf"neuron:{bad} is not in this snapshot: it holds neuron:0 and neuron:1"):
                 call()
     with pytest.raises(TypeError, match="device must be an int, not str"):
