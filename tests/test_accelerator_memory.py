@@ -367,3 +367,44 @@ def test_a_bad_fork_child_gets_the_error_from_every_stream_event_and_rng_call_an
     for run in facts["runs"]:
         assert run == expected, {k: v for k, v in (run.items() if isinstance(run, dict) else [("run", run)]) if expected.get(k) != v}
     assert facts["parent"] == 1 + 8 * 300  # the parent's device is unaffected
+
+
+def test_a_lowered_memory_fraction_still_serves_requests_from_cached_blocks() -> None:
+    # As CUDA's allocator: the fraction bounds what is *reserved* (checked where a new segment is needed), so a
+    # cached free block serves a request even above the limit; an OOM names the segment it needed, and counts one
+    # retry and one sync of all streams (the cache released first), as empty_cache() counts one sync
+    facts = run_child("""
+        N = torch.neuron
+        MiB = 2**20
+        x = torch.empty(30 * MiB, dtype=torch.uint8, device="neuron")  # a 30 MiB segment
+        y = torch.empty(1, device="neuron")  # a 2 MiB segment of the small pool
+        del x, y  # both cached
+        N.set_per_process_memory_fraction(25.6 * MiB / N.mem_get_info()[1])
+        s0 = N.memory_stats()
+        a = torch.empty(27 * MiB, dtype=torch.uint8, device="neuron")  # above the limit: the cached block
+        served = (N.memory_reserved(), N.memory_allocated())
+        del a
+        N.set_per_process_memory_fraction(0.0)
+        b = torch.empty(1, device="neuron")  # 4 bytes: a block of the cached small segment
+        small_ok = N.memory_allocated()
+        del b
+        s1 = N.memory_stats()
+        N.empty_cache()
+        N.empty_cache()
+        s2 = N.memory_stats()
+        N.set_per_process_memory_fraction(25.6 * MiB / N.mem_get_info()[1])
+        oom = outcome(lambda: torch.empty(27 * MiB, dtype=torch.uint8, device="neuron"))
+        s3 = N.memory_stats()
+        emit({"served": served, "small_ok": small_ok, "oom": oom,
+              "retries": [s["num_alloc_retries"] for s in (s0, s1, s2, s3)],
+              "syncs": [s["num_sync_all_streams"] for s in (s0, s1, s2, s3)],
+              "ooms": [s["num_ooms"] for s in (s0, s1, s2, s3)]})
+    """, env={"TORCHNEURON_LAB_HBM_BYTES": str(256 * 2**20)}, outcomes=True)
+    MiB = 2**20
+    assert facts["served"] == [32 * MiB, 27 * MiB]  # the 27 MiB block split from the cached 30 MiB segment
+    assert facts["small_ok"] == 512
+    assert facts["oom"]["error"] == "OutOfMemoryError"
+    assert "Tried to allocate 27.00 MiB (needs a new 28.00 MiB segment)" in facts["oom"]["message"]
+    assert facts["retries"] == [0, 0, 0, 1]
+    assert facts["syncs"] == [0, 0, 2, 3]
+    assert facts["ooms"] == [0, 0, 0, 1]

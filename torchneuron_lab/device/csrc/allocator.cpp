@@ -60,6 +60,7 @@ struct DeviceStats {
   StatArray allocation, segment, active, inactive_split, allocated_bytes, reserved_bytes, active_bytes,
       inactive_split_bytes, requested_bytes;
   int64_t num_alloc_retries = 0, num_ooms = 0, num_device_alloc = 0, num_device_free = 0;
+  int64_t num_sync_all_streams = 0;
   Stat oversize_allocations, oversize_segments;
 };
 
@@ -170,8 +171,10 @@ class DeviceAllocator {
     std::unique_lock<std::mutex> lock(mu_);
     process_pending();
     // Every size enters here: a request beyond the capacity can never be met (and would overflow the
-    // rounding below, e.g. a size_t made from a negative or overflowed byte count): out of memory.
-    if (n > static_cast<size_t>(limit_)) raise_oom(n, n, ctx, lock, n <= kSmallSize, stream);
+    // rounding below, e.g. a size_t made from a negative or overflowed byte count): out of memory. The
+    // per-process fraction is not checked here: as CUDA's, it bounds what is reserved, where a new segment
+    // is needed (new_segment); a cached block serves a request above it.
+    if (n > static_cast<size_t>(capacity_)) raise_oom(n, n, ctx, lock, n <= kSmallSize, stream);
     const size_t size = round_size(n);
     const bool small = size <= kSmallSize;
     Block* block = find_free(small, size, stream, limit);
@@ -285,6 +288,7 @@ class DeviceAllocator {
   void empty_cache() {
     if (worker_stream() < 0) synchronize_device(device_, "sync: torch.neuron.empty_cache()");
     std::lock_guard<std::mutex> lock(mu_);
+    stats_.num_sync_all_streams++;
     process_pending();
     release_cached();
   }
@@ -305,6 +309,7 @@ class DeviceAllocator {
     stats_.oversize_allocations.reset_accumulated();
     stats_.oversize_segments.reset_accumulated();
     stats_.num_alloc_retries = 0;
+    stats_.num_sync_all_streams = 0;
     stats_.num_ooms = 0;
     stats_.num_device_alloc = 0;
     stats_.num_device_free = 0;
@@ -479,7 +484,9 @@ class DeviceAllocator {
                      std::unique_lock<std::mutex>& lock, int stream) {
     const size_t seg = segment_size(size);
     if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > limit_) {
+      // CUDA's retry: release the cache (its synchronize_and_free_events counts a sync of all streams), try again
       stats_.num_alloc_retries++;
+      stats_.num_sync_all_streams++;
       release_cached();
       if (stats_.reserved_bytes[kAll].current + static_cast<int64_t>(seg) > limit_ && worker_stream() < 0 &&
           !all_idle()) {
@@ -704,6 +711,7 @@ class NeuronAllocator final : public c10::DeviceAllocator {
     arr(out.inactive_split_bytes, st.inactive_split_bytes);
     arr(out.requested_bytes, st.requested_bytes);
     out.num_alloc_retries = st.num_alloc_retries;
+    out.num_sync_all_streams = st.num_sync_all_streams;
     out.num_ooms = st.num_ooms;
     copy_stat(out.oversize_allocations, st.oversize_allocations);
     copy_stat(out.oversize_segments, st.oversize_segments);

@@ -433,7 +433,7 @@ py::dict stats_dict(int device) {
   r["requested_bytes"] = arr(st.requested_bytes);
   r["num_alloc_retries"] = st.num_alloc_retries;
   r["num_ooms"] = st.num_ooms;
-  r["num_sync_all_streams"] = 0;
+  r["num_sync_all_streams"] = st.num_sync_all_streams;
   r["num_device_alloc"] = st.num_device_alloc;
   r["num_device_free"] = st.num_device_free;
   r["max_split_size"] = -1;
