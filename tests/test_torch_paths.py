@@ -5,6 +5,8 @@ review, ninth session)."""
 
 from __future__ import annotations
 
+import re
+import sys
 from typing import Any
 
 import pytest
@@ -14,6 +16,7 @@ from _neuron_child import run_child
 from torch.utils.checkpoint import checkpoint
 
 import torchneuron_lab  # noqa: F401  (registers the device)
+from torchneuron_lab.device._backend import lib
 
 
 @pytest.mark.parametrize("use_reentrant", [False, True])
@@ -614,6 +617,70 @@ def test_a_pending_asynchronous_error_is_raised_at_a_sync_not_by_an_unrelated_fi
     with pytest.raises(IndexError, match="asynchronous error in aten::index_select launched at"):
         torch.neuron.synchronize()
     assert s.item() == 95.0 and z.abs().sum().item() == 0.0
+
+
+def _queue_a_failing_index_select() -> int:
+    """Launches an index_select that fails on the device (its signature warmed, so it is queued); returns the
+    launching line."""
+    w = torch.randn(5, 3, device="neuron")
+    for n in (2, 3, 4, 5):
+        torch.index_select(w, 0, torch.zeros(n, dtype=torch.long, device="neuron"))
+    torch.neuron.synchronize()
+    bad = torch.tensor([0, 9], device="neuron")
+    line = sys._getframe().f_lineno + 1
+    torch.index_select(w, 0, bad)
+    return line
+
+
+@pytest.mark.parametrize("between", ["recorder stop and clear", "recorder start", "dynamo reset"])
+def test_a_pending_asynchronous_error_keeps_its_launch_line_when_the_stack_table_is_cleared(between: str) -> None:
+    # the error named "launched earlier" when a recording ended (or began, or Dynamo reset) before the sync
+    # that reported it: the stack table's clear dropped the frames its id named
+    from torchneuron_lab.device import recorder
+
+    recorder.start(with_stack=between != "recorder start")
+    line = _queue_a_failing_index_select()
+    if between == "recorder stop and clear":
+        recorder.stop()
+        recorder.clear()
+    elif between == "recorder start":
+        recorder.stop()
+        recorder.clear()
+        lib().sleep(0, 1)  # something queued while a new recording starts: the table stays
+        recorder.start()
+        recorder.stop()
+        recorder.clear()
+    else:
+        recorder.stop()
+        recorder.clear()
+        torch._dynamo.reset()
+    with pytest.raises(IndexError, match=rf"aten::index_select launched at {re.escape(__file__)}:{line} in "
+                                         "_queue_a_failing_index_select"):
+        torch.neuron.synchronize()
+
+
+def test_an_asynchronous_errors_launch_site_goes_through_the_labs_source_mapper() -> None:
+    # in Jupyter the site named ipykernel's temporary file (/tmp/ipykernel_N/M.py:2); the recorder's sources
+    # name the cell ("cell [2], line 2") through the same mapper
+    from torchneuron_lab.device import recorder
+
+    calls = []
+
+    def mapper(filename: str, line: int) -> str | None:
+        calls.append((filename, line))
+        return f"cell [7], line {line}" if filename == __file__ else None
+
+    recorder.set_source_mapper(mapper)
+    try:
+        line = _queue_a_failing_index_select()
+        with pytest.raises(IndexError, match=rf"aten::index_select launched at cell \[7\], line {line}\n"):
+            torch.neuron.synchronize()
+    finally:
+        recorder.set_source_mapper(None)
+    assert calls == [(__file__, line)]
+    line = _queue_a_failing_index_select()
+    with pytest.raises(IndexError, match=rf"launched at {re.escape(__file__)}:{line} in "):
+        torch.neuron.synchronize()
 
 
 # ---- nn.DataParallel and torch.nn.parallel.comm (torchneuron_lab/_parallel_comm.py) ----

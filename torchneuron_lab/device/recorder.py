@@ -46,9 +46,11 @@ _source_mapper: Callable[[str, int], str | None] | None = None
 
 
 def set_source_mapper(fn: Callable[[str, int], str | None] | None) -> None:
-    """Install (or remove) the function that names a frame's location, e.g. a notebook cell."""
+    """Install (or remove) the function that names a frame's location, e.g. a notebook cell: recorded events'
+    sources and the launch site an asynchronous error names."""
     global _source_mapper
     _source_mapper = fn
+    lib().set_site_mapper(fn)
 
 
 def _check_capacity(capacity: Any, keep_first: Any) -> None:

@@ -733,6 +733,9 @@ void init_module(py::module& m) {
     }
     return release_stacks_if_unreferenced();
   });
+  m.def("set_site_mapper", [](py::object fn) { set_site_mapper(fn.ptr()); }, py::arg("fn"),
+        "The callable (filename, line) -> str | None that names an asynchronous error's launch site "
+        "(None: file:line in function)");
   m.def("recorder_enabled", []() { return (g_recording_flags.load() & kRecorderBit) != 0; });
   m.def("recorder_dropped", &recorder_dropped);
   m.def("recorder_read", &recorder_read_py);

@@ -163,6 +163,10 @@ constexpr size_t kLaunchSiteDepth = 32;  // frames kept for a launch site when s
 // Launch-site frames of a stack id, innermost first: (filename, line, function). Takes the GIL.
 std::vector<std::tuple<std::string, int, std::string>> stack_frames(int32_t id);
 bool release_stacks_if_unreferenced();
+// Before the stack table is cleared: a pending asynchronous error keeps its launch frames (GIL not held).
+void resolve_pending_error_sites();
+bool all_queues_idle();  // no launch queued or running on any stream of any device
+void set_site_mapper(void* callable);  // PyObject*: user frame -> source for asynchronous errors (GIL held)
 // A new signature noted on this thread: its shapes/dtypes string ids, consumed (false if none pending).
 bool take_pending_signature(int32_t name_id, int32_t* shapes_id, int32_t* dtypes_id);
 // One recorded event as stored in the recorder's chunks; `stack` indexes the stack table.

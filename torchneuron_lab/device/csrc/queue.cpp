@@ -61,6 +61,9 @@ struct AsyncError {
   int32_t name_id = -1;
   int stream = 0;
   int32_t stack = kNoStack;
+  // The stack's frames, read before the stack table was cleared (a recorder's clear or start, a Dynamo
+  // reset): the error is reported later, and the table's ids are reused after a clear.
+  std::vector<std::tuple<std::string, int, std::string>> frames;
   uint64_t launch = 0;
   int later = 0;  // further kernels that failed before it was reported
 };
@@ -657,18 +660,35 @@ bool internal_file(const std::string& file) {
   return false;
 }
 
-std::string launch_site(int32_t stack) {
-  if (stack < 0) return "";
-  auto frames = stack_frames(stack);
+// The lab's mapper of a user frame to its source, e.g. a Jupyter cell's file to "cell [2], line 2"
+// (recorder.set_source_mapper): a strong reference, never released (it may outlive the interpreter).
+std::atomic<PyObject*> g_site_mapper{nullptr};
+
+std::string launch_site(const std::vector<std::tuple<std::string, int, std::string>>& frames) {
   if (frames.empty()) return "";
   // The innermost frame outside torch, the lab and code they generated: the user's line that launched it.
+  const auto* pick = &frames.front();
   for (const auto& f : frames) {
-    const std::string& file = std::get<0>(f);
-    if (internal_file(file)) continue;
-    return file + ":" + std::to_string(std::get<1>(f)) + " in " + std::get<2>(f);
+    if (internal_file(std::get<0>(f))) continue;
+    pick = &f;
+    break;
   }
-  const auto& f = frames.front();
-  return std::get<0>(f) + ":" + std::to_string(std::get<1>(f)) + " in " + std::get<2>(f);
+  const auto& [file, line, name] = *pick;
+  PyObject* mapper = g_site_mapper.load();
+  if (mapper != nullptr && Py_IsInitialized() && !_Py_IsFinalizing()) {
+    PyGILState_STATE g = PyGILState_Ensure();
+    std::string mapped;
+    PyObject* r = PyObject_CallFunction(mapper, "si", file.c_str(), line);
+    if (r != nullptr && PyUnicode_Check(r)) {
+      const char* u = PyUnicode_AsUTF8(r);
+      if (u != nullptr) mapped = u;
+    }
+    Py_XDECREF(r);
+    if (PyErr_Occurred()) PyErr_Clear();  // a failing mapper leaves the plain site
+    PyGILState_Release(g);
+    if (!mapped.empty()) return mapped;
+  }
+  return file + ":" + std::to_string(line) + " in " + name;
 }
 
 }  // namespace
@@ -847,7 +867,7 @@ void raise_async_error(int device) {
     e = std::move(d.error);
     d.error.reset();
   }
-  const std::string site = launch_site(e->stack);
+  const std::string site = launch_site(e->frames.empty() ? stack_frames(e->stack) : e->frames);
   std::ostringstream o;
   const std::string op = string_of(e->name_id);
   o << "neuron:" << device << " (stream " << e->stream << "): asynchronous error in "
@@ -866,6 +886,41 @@ void raise_async_error(int device) {
     case ErrorClass::OutOfMemory: TORCH_CHECK_WITH(OutOfMemoryError, false, o.str());
     default: TORCH_CHECK(false, o.str());
   }
+}
+
+void set_site_mapper(void* callable) {  // GIL held
+  PyObject* fn = static_cast<PyObject*>(callable);
+  if (fn == Py_None) fn = nullptr;
+  Py_XINCREF(fn);
+  PyObject* old = g_site_mapper.exchange(fn);
+  Py_XDECREF(old);
+}
+
+void resolve_pending_error_sites() {
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    DeviceQueues* d = g_queues[dev];
+    if (d == nullptr) continue;
+    int32_t stack;
+    {
+      std::lock_guard<std::mutex> lock(d->mu);
+      if (!d->error.has_value() || d->error->stack < 0 || !d->error->frames.empty()) continue;
+      stack = d->error->stack;
+    }
+    auto frames = stack_frames(stack);  // takes the GIL: not under the device's lock
+    std::lock_guard<std::mutex> lock(d->mu);
+    if (d->error.has_value() && d->error->stack == stack && d->error->frames.empty()) d->error->frames = frames;
+  }
+}
+
+bool all_queues_idle() {
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    DeviceQueues* d = g_queues[dev];
+    if (d == nullptr) continue;
+    std::lock_guard<std::mutex> lock(d->mu);
+    for (StreamQueue* q : d->streams)
+      if (q->completed.load() != q->launched.load()) return false;
+  }
+  return true;
 }
 
 void wait_position(int device, int stream, uint64_t pos, const char* what, bool record_always,

@@ -297,7 +297,12 @@ void release_stacks(std::vector<std::vector<StackFrameRef>>& snap) {
 
 // Drops every interned stack (and its code references). Needs the GIL; events still in the ring would
 // point at nothing, so it is only called with the ring empty.
-void clear_stacks() {
+bool clear_stacks() {
+  // Ids are reused after a clear: a launch still queued would run (and record its event, or fail) with an id
+  // naming another stack. The table then stays (a later clear empties it); a pending asynchronous error keeps
+  // its frames.
+  if (!all_queues_idle()) return false;
+  resolve_pending_error_sites();
   Stacks& st = stacks();
   std::vector<std::vector<StackFrameRef>> old;
   {
@@ -307,11 +312,12 @@ void clear_stacks() {
     st.ids.clear();
     st.generation.fetch_add(1, std::memory_order_acq_rel);
   }
-  if (old.empty() || !Py_IsInitialized() || python_finalizing()) return;
+  if (old.empty() || !Py_IsInitialized() || python_finalizing()) return true;
   PyGILState_STATE g = PyGILState_Ensure();
   for (const auto& v : old)
     for (const auto& fr : v) Py_DECREF(reinterpret_cast<PyObject*>(fr.code));
   PyGILState_Release(g);
+  return true;
 }
 
 bool take_pending_signature(int32_t name_id, int32_t* shapes_id, int32_t* dtypes_id) {
@@ -502,8 +508,7 @@ bool release_stacks_if_unreferenced() {
     std::lock_guard<std::mutex> lock(r.mu);
     if (r.size != 0) return false;
   }
-  clear_stacks();
-  return true;
+  return clear_stacks();
 }
 uint64_t recorder_dropped() { return rec().dropped; }
 std::pair<int64_t, int64_t> recorder_dropped_window() {
