@@ -438,20 +438,28 @@ def test_ctrl_c_during_a_wait_drains_the_queues(tmp_path: Path) -> None:
         try:
             torch.neuron.synchronize()
             print("NOT INTERRUPTED")
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as e:
             print("interrupted after", round(time.perf_counter() - t0, 1))
+            print("message:", e)
         e, c = C.stream_counts(0, 0)
         print("drained", e == c)
+        print("stale", x.max().item())  # the 50 dropped adds never ran: x keeps its value from before them
         y = torch.ones(3, device="neuron") * 2
         print("usable", y.tolist())
         recorder.stop()
-        print("readable", len(recorder.read()) >= 1)
+        syncs = [ev for ev in recorder.read() if ev.kind == "sync"]
+        print("readable", [(ev.name, ev.dur_ns > 2e8) for ev in syncs][:1])
     """))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("interrupted after") and float(lines[0].split()[-1]) < 2.0, proc.stdout
-    assert lines[1:] == ["drained True", "usable [2.0, 2.0, 2.0]", "readable True"], proc.stdout
+    # the interrupt says what it dropped, and the interrupted wait is a recorded sync with its wait time
+    assert lines[1] == ("message: Ctrl-C in sync: torch.neuron.synchronize() on neuron:0 stream 0: 50 launches this "
+                        "thread had queued were dropped (never run), so the tensors they would have written keep their "
+                        "previous contents"), proc.stdout
+    assert lines[2:] == ["drained True", "stale 2.0", "usable [2.0, 2.0, 2.0]",
+                         "readable [('sync: torch.neuron.synchronize() (interrupted by Ctrl-C)', True)]"], proc.stdout
 
 
 def test_waits_are_bounded(tmp_path: Path) -> None:

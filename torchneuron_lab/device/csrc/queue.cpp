@@ -103,6 +103,9 @@ struct StreamQueue {
   bool worker_started = false;
 };
 
+// Launches dropped because their thread was interrupted (Ctrl-C in one of its waits), for the interrupt's message.
+std::atomic<uint64_t> g_dropped_launches{0};
+
 struct DeviceQueues {
   std::mutex mu;  // guards `streams` growth and `error`
   std::vector<StreamQueue*> streams;  // index = stream id; never shrinks, StreamQueue objects are never freed
@@ -472,7 +475,10 @@ void worker_main(StreamQueue* s) {
     for (Work& w : batch) {
       // A launch whose thread was interrupted (Ctrl-C in one of its waits) since is dropped: it was queued,
       // not running. Other threads' launches run (they were not interrupted and will read their results).
-      if (w.run && launch_dropped(w.launch)) w.run = nullptr;
+      if (w.run && launch_dropped(w.launch)) {
+        w.run = nullptr;
+        g_dropped_launches.fetch_add(1, std::memory_order_relaxed);
+      }
       tls_worker_pos = s->completed.load(std::memory_order_relaxed) + 1;
       try {
         adopt_host_cpu_settings();
@@ -621,7 +627,9 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
       if (interrupted) break;
     }
   }
+  uint64_t dropped0 = 0;
   if (interrupted) {
+    dropped0 = g_dropped_launches.load();
     interrupts_of_this_thread().fetch_add(1);  // drops this thread's queued launches, on every stream
     uint64_t last;
     {
@@ -633,7 +641,20 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   if (saved != nullptr) PyEval_RestoreThread(saved);
   if (!interrupted) reap(s);
   if (interrupted) {
-    python_error err;  // the KeyboardInterrupt PyErr_CheckSignals set on this thread
+    // The KeyboardInterrupt PyErr_CheckSignals set on this thread, saying what it cost: the launches dropped
+    // leave their outputs as they were (CUDA's queued work would still run).
+    const uint64_t dropped = g_dropped_launches.load() - dropped0;
+    if (dropped > 0) {
+      std::ostringstream m;
+      m << "Ctrl-C in " << what << " on neuron:" << s.device << " stream " << s.id << ": " << dropped
+        << " launch" << (dropped == 1 ? "" : "es") << " this thread had queued " << (dropped == 1 ? "was" : "were")
+        << " dropped (never run), so the tensors they would have written keep their previous contents";
+      PyGILState_STATE g = PyGILState_Ensure();
+      PyErr_Clear();
+      PyErr_SetString(PyExc_KeyboardInterrupt, m.str().c_str());
+      PyGILState_Release(g);
+    }
+    python_error err;
     err.persist();
     throw err;
   }
@@ -933,7 +954,12 @@ void wait_position(int device, int stream, uint64_t pos, const char* what, bool 
     std::lock_guard<std::mutex> lock(s.mu);
     unobserved = s.observed < pos;
   }
-  wait_on(s, pos, what);  // blocks only if unobserved (observed <= completed)
+  try {
+    wait_on(s, pos, what);  // blocks only if unobserved (observed <= completed)
+  } catch (const python_error&) {  // Ctrl-C: the wait it interrupted is a sync the program made, with its time
+    record_wait(device, stream, (std::string(what) + " (interrupted by Ctrl-C)").c_str(), t0, now_ns());
+    throw;
+  }
   {
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.observed < pos) s.observed = pos;
@@ -975,7 +1001,12 @@ void synchronize_device(int device, const char* what) {
       std::lock_guard<std::mutex> lock(s->mu);
       pos = s->enqueued;
     }
-    wait_on(*s, pos, what);
+    try {
+      wait_on(*s, pos, what);
+    } catch (const python_error&) {  // Ctrl-C: a recorded sync too
+      record_wait(device, -1, (std::string(what) + " (interrupted by Ctrl-C)").c_str(), t0, now_ns());
+      throw;
+    }
   }
   record_wait(device, -1, what, t0, now_ns());
   raise_async_error(device);
