@@ -280,6 +280,11 @@ CONSTANT_CASES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "index_put_accumulate": lambda a: a.clone().index_put_(
         (torch.tensor([0, 0], device=a.device),), torch.ones(2, device=a.device), accumulate=True),
     "scatter_add": lambda a: a.scatter_add(0, torch.tensor([0, 0], device=a.device), torch.ones(2, device=a.device)),
+    # constants Inductor does not inline (2-D, or 9 elements and more) are globals of the graph's module: moved to
+    # the device under the compile's fake mode, they failed ("Please convert all Tensors to FakeTensors first")
+    "matrix_t": lambda a: torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=a.device).t() * a[:2],
+    "index_9": lambda a: a[torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2], device=a.device)],
+    "add_16": lambda a: a.sum() + torch.tensor([float(i) for i in range(16)], device=a.device),
 }
 
 
@@ -296,11 +301,12 @@ def test_tensor_constants_made_inside_a_compiled_function(case: str, device: str
     assert [r.launch for r in new_records(n)] == ["queued"]
 
 
-def test_a_tensor_constant_in_a_training_graph() -> None:
+@pytest.mark.parametrize("n", [3, 12])
+def test_a_tensor_constant_in_a_training_graph(n: int) -> None:
     def loss_fn(w: torch.Tensor) -> torch.Tensor:
-        return (w * torch.tensor([0.5, -1.0, 2.0], device=w.device)).square().sum()
+        return (w * torch.tensor([0.5, -1.0, 2.0] * (n // 3), device=w.device)).square().sum()
 
-    w = torch.tensor([1.0, 2.0, 3.0], device="neuron", requires_grad=True)
+    w = torch.tensor([1.0, 2.0, 3.0] * (n // 3), device="neuron", requires_grad=True)
     loss = torch.compile(loss_fn, backend="neuron")(w)
     loss.backward()
     w_cpu = w.detach().cpu().requires_grad_()

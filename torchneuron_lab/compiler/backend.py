@@ -750,7 +750,10 @@ def _queued_callables(compiled: Any, kernels: list[dict[str, Any]], device: int)
             except (NotImplementedError, ValueError, OSError, AttributeError) as e:
                 return str(e)
         elif isinstance(v, torch.Tensor) and v.device.type == "cpu":
-            priv[name] = v.to(here)  # a graph constant lives on the device, as Inductor's do on CUDA
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+            with unset_fake_temporarily():  # called under the compile's fake mode: a real copy
+                priv[name] = v.to(here)  # a graph constant lives on the device, as Inductor's do on CUDA
     dev_fn = torch.device
 
     def empty_strided_device(size: Any, stride: Any, dtype: Any) -> torch.Tensor:
