@@ -1035,3 +1035,48 @@ print(json.dumps({{"pending": pending, "dev": dev.cpu().unique().tolist() if dir
     if direction == "h2d":
         assert facts["dev"] == [1.5]                 # the copy read the bytes it was launched with
     assert facts["freed"] >= 1                       # freed for the user (stats) at once
+
+
+@pytest.mark.parametrize("where", ["the Meta kernel", "the warnings filter around it"])
+def test_ctrl_c_while_python_runs_inside_a_launch_is_raised(tmp_path: Path, where: str) -> None:
+    # A launch runs Python: an op's Python Meta kernel (addcdiv's, at every new value), and warnings.catch_warnings
+    # around it. It took any exception of the Meta kernel as its refusal and cleared the filter's errors, so a
+    # Ctrl-C raised there was lost (a loop of addcdiv calls ran on for seconds after it; CPU raises it at once).
+    # Here the Python code raises KeyboardInterrupt itself, as the signal's handler does, once.
+    script = tmp_path / "meta_interrupt.py"
+    script.write_text(textwrap.dedent(f"""
+        import warnings, torch, torchneuron_lab
+        where = {where!r}
+        a = torch.rand(16, device="neuron") + 1
+        y = torch.zeros(16, device="neuron")
+        torch.addcdiv(y, a, a, value=0.5).sum().item()
+        fired = []
+        if where == "the Meta kernel":
+            from torch._meta_registrations import addcdiv as meta_addcdiv
+            def meta(*args, **kwargs):
+                if not fired:
+                    fired.append(1)
+                    raise KeyboardInterrupt
+                return meta_addcdiv(*args, **kwargs)
+            lib = torch.library.Library("aten", "IMPL")
+            warnings.simplefilter("ignore")
+            lib.impl("addcdiv", meta, "Meta")
+        else:
+            original = warnings.simplefilter
+            def simplefilter(*args, **kwargs):
+                if not fired:
+                    fired.append(1)
+                    raise KeyboardInterrupt
+                return original(*args, **kwargs)
+            warnings.simplefilter = simplefilter
+        try:
+            for n in range(3):
+                torch.addcdiv(y, a, a, value=1.0 + n)  # a new value: the Meta kernel runs again
+            print("not interrupted", len(fired))
+        except KeyboardInterrupt:
+            print("interrupted at call", n)
+        print("usable", (torch.ones(2, device="neuron") * 3).tolist())
+    """))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["interrupted at call 0", "usable [3.0, 3.0]"], proc.stdout + proc.stderr

@@ -803,3 +803,28 @@ def test_from_file_on_neuron_copies_the_file_and_refuses_to_share_it(tmp_path: A
         torch.from_file(str(path), shared=True, size=8, device="neuron")
     with pytest.raises(RuntimeError, match="from_file"):  # CPU's own check of the size, unchanged
         torch.from_file(str(path), shared=False, size=100, device="neuron")
+
+
+def test_dynamo_reset_releases_launch_stacks_in_a_program_that_never_compiled_for_neuron() -> None:
+    # the release was installed with the compile backend only: an eager-only program's reset kept every code
+    # object that had launched (torch._dynamo imported after the device, or before it)
+    for first in ("pass", "import torch._dynamo"):
+        facts = run_child(f"""
+            {first}
+            import json, sys, torch, torchneuron_lab
+            a = torch.randn(8, 8, device="neuron")
+            co = compile("y = a + 1", "<cell>", "exec")
+            exec(co, {{"a": a}})
+            torch.neuron.synchronize()
+            held = sys.getrefcount(co)
+            import torch._dynamo
+            torch._dynamo.reset()
+            after_dynamo = sys.getrefcount(co)
+            exec(co, {{"a": a}})
+            torch.neuron.synchronize()
+            torch.compiler.reset()
+            after_compiler = sys.getrefcount(co)
+            print(json.dumps({{"released": [held - after_dynamo, held - after_compiler],
+                              "compiler_imported": "torchneuron_lab.compiler" in sys.modules}}))
+        """)
+        assert facts == {"released": [1, 1], "compiler_imported": False}, first

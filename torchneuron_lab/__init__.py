@@ -20,7 +20,7 @@ def register_device() -> None:
 
     register()
     _inductor_redirect.install()  # torch.compile(model) (backend="inductor") on neuron tensors
-    _inductor_redirect.install_aoti_refusal()  # AOTInductor refuses neuron graphs with a clear error
+    _inductor_redirect.install_import_hooks()  # AOTInductor refuses neuron graphs; Dynamo's reset frees stacks
     _flex_attention.install()  # flex_attention's device check lets neuron through, as it does CUDA
     _parallel_comm.install()  # nn.DataParallel's torch._C._scatter/_gather/... for neuron tensors
 

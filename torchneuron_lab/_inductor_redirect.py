@@ -98,10 +98,11 @@ def _refuse_aoti_on_neuron(inductor: Any) -> None:
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
-    """Runs ``callback(module)`` right after ``name`` is first executed (a post-import hook)."""
+    """Runs each callback with the module right after ``name`` is first executed (a post-import hook)."""
 
-    def __init__(self, name: str, callback: Any) -> None:
-        self.name, self.callback = name, callback
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.callbacks: list[Any] = []
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
         if fullname != self.name:
@@ -119,16 +120,51 @@ class _AfterImport(importlib.abc.MetaPathFinder):
                 loader.exec_module(module)  # type: ignore[union-attr]
                 if finder in sys.meta_path:
                     sys.meta_path.remove(finder)
-                finder.callback(module)
+                for callback in finder.callbacks:
+                    callback(module)
 
         spec.loader = _Loader()
         return spec
 
 
-def install_aoti_refusal() -> None:
-    """Refuse AOTInductor on neuron graphs now if ``torch._inductor`` is imported, else when it is (idempotent)."""
-    mod = sys.modules.get("torch._inductor")
+def after_import(name: str, callback: Any) -> None:
+    """``callback(module)`` now if ``name`` is imported, else right after its import (once per callback)."""
+    mod = sys.modules.get(name)
     if mod is not None:
-        _refuse_aoti_on_neuron(mod)
-    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport("torch._inductor", _refuse_aoti_on_neuron))
+        callback(mod)
+        return
+    finder = next((f for f in sys.meta_path if isinstance(f, _AfterImport) and f.name == name), None)
+    if finder is None:
+        finder = _AfterImport(name)
+        sys.meta_path.insert(0, finder)
+    if callback not in finder.callbacks:
+        finder.callbacks.append(callback)
+
+
+def release_stacks_at_dynamo_reset(dynamo: Any) -> None:
+    """``torch._dynamo.reset()`` (and ``torch.compiler.reset()``, which calls it) then releases the launch
+    stacks the device interned: they hold the code objects of the frames that launched, and Dynamo's code for
+    a compiled frame holds the compiled function, so a reset freed no graph whose kernels had launched. The
+    stacks are released only when no recorded event refers to them (the next ``recorder_clear`` does it
+    otherwise). Installed once ``torch._dynamo`` is imported, whether or not the program compiles for neuron."""
+    original = getattr(dynamo, "reset", None)
+    if original is None or getattr(original, "_tnl_releases_stacks", False):
+        return
+
+    def reset() -> None:
+        original()
+        from .device._backend import lib
+
+        lib().release_stacks_if_unreferenced()
+
+    reset.__doc__ = original.__doc__
+    reset.__wrapped__ = original  # type: ignore[attr-defined]
+    reset._tnl_releases_stacks = True  # type: ignore[attr-defined]
+    dynamo.reset = reset
+
+
+def install_import_hooks() -> None:
+    """AOTInductor's refusal of neuron graphs and Dynamo's reset releasing launch stacks, each installed when
+    its module is imported (importing either costs seconds: not at registration)."""
+    after_import("torch._inductor", _refuse_aoti_on_neuron)
+    after_import("torch._dynamo", release_stacks_at_dynamo_reset)

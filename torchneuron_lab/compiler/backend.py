@@ -982,27 +982,6 @@ def _dynamo_start(now: float) -> float | None:
 _registered = False
 
 
-def _release_stacks_at_dynamo_reset() -> None:
-    """``torch._dynamo.reset()`` (and ``torch.compiler.reset()``, which calls it) then releases the launch
-    stacks the device interned: they hold the code objects of the frames that launched, and Dynamo's code for
-    a compiled frame holds the compiled function, so a reset freed no graph whose kernels had launched. The
-    stacks are released only when no recorded event refers to them (the next ``recorder_clear`` does it
-    otherwise)."""
-    import torch._dynamo as dynamo
-
-    if getattr(dynamo.reset, "_tnl_releases_stacks", False):
-        return
-    original = dynamo.reset
-
-    @functools.wraps(original)
-    def reset() -> None:
-        original()
-        lib().release_stacks_if_unreferenced()
-
-    reset._tnl_releases_stacks = True  # type: ignore[attr-defined]
-    dynamo.reset = reset
-
-
 def register_backend() -> None:
     """Register ``"neuron"`` with Dynamo (idempotent; the package's entry point does the same lazily)."""
     global _registered
@@ -1017,5 +996,9 @@ def register_backend() -> None:
     from . import device_interface
 
     device_interface.register()
-    _release_stacks_at_dynamo_reset()
+    import torch._dynamo
+
+    from .._inductor_redirect import release_stacks_at_dynamo_reset
+
+    release_stacks_at_dynamo_reset(torch._dynamo)  # (done at the device's registration once Dynamo is imported)
     _registered = True

@@ -248,6 +248,7 @@ std::optional<MetaVerdict> meta_verdict(const c10::OperatorHandle& op, const tor
   } catch (const c10::NotImplementedError&) {  // the dispatcher's: no Meta kernel
     return std::nullopt;
   } catch (const std::exception&) {  // a check of a C++ or a Python (torch._meta_registrations) Meta kernel
+    rethrow_if_interrupt();  // but a Ctrl-C is the user's
     out.refused = true;
     return out;
   }

@@ -15,8 +15,12 @@ namespace tnl {
 class NeuronGeneratorImpl final : public c10::GeneratorImpl {
   // Random kernels draw from the engine when they run on a stream worker: the host reads or changes
   // the state only after the queued ones have drawn (so seeds, offsets and states mean what they say).
+  // Called with the generator's mutex held (torch's Generator methods take it, with the GIL): the wait keeps the
+  // GIL, or another thread given it would block on that mutex while this one waits for the GIL (deadlock).
   static void settle() {
-    if (worker_stream() < 0) drain_all();
+    if (worker_stream() >= 0) return;
+    KeepGilInWaits keep;
+    drain_all();
   }
 
  public:

@@ -1016,23 +1016,37 @@ struct QuietWarnings {
     PyGILState_STATE g = PyGILState_Ensure();
     PyObject *et, *ev, *etb;  // an exception already set on this thread stays set
     PyErr_Fetch(&et, &ev, &etb);
+    // Each call runs Python, where a pending Ctrl-C is raised: its error is cleared before the next call (no
+    // Python is called with an error set) and the Ctrl-C made pending again at the end.
+    bool interrupt = false;
+    auto settle_error = [&interrupt]() {
+      if (PyErr_Occurred() == nullptr) return;
+      interrupt = interrupt || PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) != 0;
+      PyErr_Clear();
+    };
     PyObject* warnings = PyImport_ImportModule("warnings");
+    settle_error();
     if (warnings != nullptr) {
       ctx = PyObject_CallMethod(warnings, "catch_warnings", nullptr);
+      settle_error();
       PyObject* entered = ctx != nullptr ? PyObject_CallMethod(ctx, "__enter__", nullptr) : nullptr;
+      settle_error();
       PyObject* filtered = entered != nullptr ? PyObject_CallMethod(warnings, "simplefilter", "s", "ignore") : nullptr;
+      settle_error();
       if (filtered == nullptr && ctx != nullptr && entered != nullptr) {
-        PyObject_CallMethod(ctx, "__exit__", "OOO", Py_None, Py_None, Py_None);
+        Py_XDECREF(PyObject_CallMethod(ctx, "__exit__", "OOO", Py_None, Py_None, Py_None));
+        settle_error();
       }
       if (entered == nullptr || filtered == nullptr) Py_CLEAR(ctx);
       Py_XDECREF(entered);
       Py_XDECREF(filtered);
       Py_DECREF(warnings);
     }
-    PyErr_Clear();
+    if (interrupt) PyErr_SetInterrupt();
     PyErr_Restore(et, ev, etb);
     PyGILState_Release(g);
   }
+
   ~QuietWarnings() {
     if (ctx == nullptr || !Py_IsInitialized() || _Py_IsFinalizing()) return;
     PyGILState_STATE g = PyGILState_Ensure();
@@ -1041,7 +1055,7 @@ struct QuietWarnings {
     PyObject* r = PyObject_CallMethod(ctx, "__exit__", "OOO", Py_None, Py_None, Py_None);
     Py_XDECREF(r);
     Py_DECREF(ctx);
-    PyErr_Clear();
+    clear_python_error_keeping_interrupt();  // these calls run Python: a Ctrl-C may be raised there
     PyErr_Restore(et, ev, etb);
     PyGILState_Release(g);
   }
@@ -1099,7 +1113,9 @@ std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMet
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
   } catch (...) {
     // No Meta kernel, a data-dependent shape, or a real error of the arguments (shapes, dtypes): the
-    // host path runs the CPU kernel, which raises its own error at once.
+    // host path runs the CPU kernel, which raises its own error at once. A Ctrl-C in a Python Meta kernel
+    // is the user's: raised (it was lost, and a loop of such launches could not be interrupted).
+    rethrow_if_interrupt();
     return plan;
   }
   // Written arguments must keep their geometry (an out= tensor to resize: the host path does it).

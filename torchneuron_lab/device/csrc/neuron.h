@@ -166,6 +166,12 @@ bool release_stacks_if_unreferenced();
 // Before the stack table is cleared: a pending asynchronous error keeps its launch frames (GIL not held).
 void resolve_pending_error_sites();
 bool all_queues_idle();  // no launch queued or running on any stream of any device
+// Inside a catch block that takes any error of a Meta kernel as its refusal: rethrows a Ctrl-C
+// (KeyboardInterrupt raised while a Python Meta kernel ran), which is the user's, not the kernel's.
+void rethrow_if_interrupt();
+// PyErr_Clear (GIL held) for the lab's own Python calls; a KeyboardInterrupt among the errors is made pending again
+// (PyErr_SetInterrupt), so the next signal check raises it: cleared, the user's Ctrl-C was lost.
+void clear_python_error_keeping_interrupt();
 void set_site_mapper(void* callable);  // PyObject*: user frame -> source for asynchronous errors (GIL held)
 // A new signature noted on this thread: its shapes/dtypes string ids, consumed (false if none pending).
 bool take_pending_signature(int32_t name_id, int32_t* shapes_id, int32_t* dtypes_id);
@@ -287,6 +293,13 @@ void synchronize_all(const char* what);
 // Waits for every queued launch of every device. A Ctrl-C in the wait drops this thread's queued launches (as
 // every host wait does); raise_interrupt: then raises the KeyboardInterrupt once all is drained, else drops it.
 void drain_all(bool raise_interrupt = false);
+// While alive, this thread's host waits keep the GIL (workers never need it). For waits made under a lock
+// that a thread holding the GIL may take: a generator's mutex, which torch's Generator methods take with the
+// GIL held -- released in the wait, the GIL went to such a thread, which then blocked on the mutex (deadlock).
+struct KeepGilInWaits {
+  KeepGilInWaits();
+  ~KeepGilInWaits();
+};
 void raise_async_error(int device);
 // On a worker: the stream and launch being executed (stream -1 and nullptr on host threads).
 int worker_stream();

@@ -568,6 +568,8 @@ bool wait_completed_locked(StreamQueue& s, std::unique_lock<std::mutex>& lock, u
   return reached;
 }
 
+thread_local int tls_keep_gil = 0;  // KeepGilInWaits
+
 // Waits for `s` to reach `pos`; true if the host actually blocked. The GIL is released while waiting
 // (a kernel may need it) and never re-taken while a queue lock is held. Bounded by
 // TORCHNEURON_LAB_SYNC_TIMEOUT; on the main thread Ctrl-C is honoured: the thread's queued launches are
@@ -611,7 +613,7 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   for (const int64_t until = now_ns() + kWaitSpinNs; s.completed.load() < pos && now_ns() < until;)
     std::this_thread::yield();
   const bool python = Py_IsInitialized() && !_Py_IsFinalizing();
-  PyThreadState* saved = (python && PyGILState_Check()) ? PyEval_SaveThread() : nullptr;
+  PyThreadState* saved = (python && tls_keep_gil == 0 && PyGILState_Check()) ? PyEval_SaveThread() : nullptr;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(sync_timeout_s());
   bool done = false, interrupted = false;
   while (!done) {
@@ -705,7 +707,7 @@ std::string launch_site(const std::vector<std::tuple<std::string, int, std::stri
       if (u != nullptr) mapped = u;
     }
     Py_XDECREF(r);
-    if (PyErr_Occurred()) PyErr_Clear();  // a failing mapper leaves the plain site
+    clear_python_error_keeping_interrupt();  // a failing mapper leaves the plain site
     PyGILState_Release(g);
     if (!mapped.empty()) return mapped;
   }
@@ -713,6 +715,9 @@ std::string launch_site(const std::vector<std::tuple<std::string, int, std::stri
 }
 
 }  // namespace
+
+KeepGilInWaits::KeepGilInWaits() { ++tls_keep_gil; }
+KeepGilInWaits::~KeepGilInWaits() { --tls_keep_gil; }
 
 void set_spin_throttle(const std::string& mode) {
   TORCH_CHECK_VALUE(mode == "auto" || mode == "on" || mode == "off",
@@ -930,6 +935,41 @@ void resolve_pending_error_sites() {
     auto frames = stack_frames(stack);  // takes the GIL: not under the device's lock
     std::lock_guard<std::mutex> lock(d->mu);
     if (d->error.has_value() && d->error->stack == stack && d->error->frames.empty()) d->error->frames = frames;
+  }
+}
+
+void clear_python_error_keeping_interrupt() {
+  if (PyErr_Occurred() == nullptr) return;
+  const bool interrupt = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) != 0;
+  PyErr_Clear();
+  if (interrupt) PyErr_SetInterrupt();
+}
+
+void rethrow_if_interrupt() {
+  try {
+    throw;
+  } catch (const python_error& e) {
+    bool interrupt = false;
+    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+      PyGILState_STATE g = PyGILState_Ensure();
+      if (e.type != nullptr) {  // persisted
+        interrupt = PyErr_GivenExceptionMatches(e.type, PyExc_KeyboardInterrupt) != 0;
+      } else if (PyErr_Occurred() != nullptr) {  // still the thread's error indicator (a Python kernel's throw)
+        interrupt = PyErr_ExceptionMatches(PyExc_KeyboardInterrupt) != 0;
+        if (!interrupt) PyErr_Clear();  // taken as the kernel's refusal: not left set for unrelated code
+      }
+      PyGILState_Release(g);
+    }
+    if (interrupt) throw;
+  } catch (pybind11::error_already_set& e) {  // a Python kernel's exception, as torch's Python dispatcher throws it
+    bool interrupt = false;
+    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+      PyGILState_STATE g = PyGILState_Ensure();
+      interrupt = e.matches(PyExc_KeyboardInterrupt);
+      PyGILState_Release(g);
+    }
+    if (interrupt) throw;
+  } catch (...) {
   }
 }
 
