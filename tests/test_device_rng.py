@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 import torch
 import torch.nn.functional as F
+from _neuron_child import run_child
 
 import torchneuron_lab  # noqa: F401  (registers the device)
-from _neuron_child import run_child
 
 N0 = torch.device("neuron", 0)
 
