@@ -146,6 +146,18 @@ def test_seed_picks_a_new_nondeterministic_seed() -> None:
     assert first != torch.neuron.initial_seed()
 
 
+def test_seed_all_gives_every_device_one_new_seed_and_default_generators_is_one_tuple() -> None:
+    # as torch.cuda.seed_all: a random seed for device 0, the same for the others (each device got its own);
+    # torch.neuron.default_generators was a new tuple of new objects at every read
+    gens = torch.neuron.default_generators
+    assert gens is torch.neuron.default_generators and gens[0] is torch.neuron.default_generators[0]
+    torch.neuron.manual_seed_all(5)
+    torch.neuron.seed_all()
+    seeds = [g.initial_seed() for g in gens]
+    assert seeds[0] != 5 and seeds == [seeds[0]] * len(gens)
+    assert torch.equal(torch.rand(4, device="neuron:0").cpu(), torch.rand(4, device="neuron:1").cpu())
+
+
 def test_torch_manual_seed_also_seeds_neuron() -> None:
     torch.manual_seed(2024)
     assert [g.initial_seed() for g in torch.neuron.default_generators] == [2024, 2024]

@@ -476,13 +476,17 @@ def is_bf16_supported(including_emulation: bool = True) -> bool:
 # ---- random number generation (per-device generators, like torch.cuda.random) ----
 
 
-class _DefaultGenerators(tuple):  # type: ignore[type-arg]
-    pass
+_default_generators: tuple[torch.Generator, ...] | None = None
 
 
 def _generators() -> tuple[torch.Generator, ...]:
-    C = _lib()
-    return tuple(C.default_generator(i) for i in range(device_count()))
+    """One tuple of Generator objects, made at first use (``torch.cuda.default_generators`` is one tuple too:
+    ``default_generators[0] is default_generators[0]``; a new tuple each time made new objects)."""
+    global _default_generators
+    if _default_generators is None:
+        C = _lib()
+        _default_generators = tuple(C.default_generator(i) for i in range(device_count()))
+    return _default_generators
 
 
 def _get_generator(device: torch.device) -> torch.Generator:
@@ -535,10 +539,13 @@ def seed() -> None:
 
 
 def seed_all() -> None:
+    """A random seed for neuron:0, and the same seed for every other device, as ``torch.cuda.seed_all``."""
     if _seeding_skipped():
         return
-    for i in range(device_count()):
-        _gen(i).seed()
+    first = _gen(0)
+    first.seed()
+    for i in range(1, device_count()):
+        _gen(i).manual_seed(first.initial_seed())
 
 
 def initial_seed() -> int:
