@@ -821,3 +821,33 @@ def test_explain_of_a_statement_leaves_no_compiled_code_to_the_users_later_compi
     assert len(registry.records()) - n == 2          # compiled anew: the graph before the break and after it
     assert sum(b.count for b in capture.graph_breaks()) - breaks == 1
     torch.testing.assert_close(out.cpu(), x.cpu().sin().cos())
+
+
+def test_the_first_compiles_of_several_threads_at_once_find_the_backend() -> None:
+    # Dynamo loads an entry point's backend at its first lookup without a lock: two threads registered it twice
+    # (AssertionError: duplicate name: neuron) in 5 of 5 runs with 4 threads
+    facts = run_child(
+        """
+        import importlib.metadata, json, threading, time, torch, torchneuron_lab
+        load = importlib.metadata.EntryPoint.load
+        def slow_load(self):  # a loaded machine's import: the window between Dynamo's check and its registration
+            time.sleep(0.5)
+            return load(self)
+        importlib.metadata.EntryPoint.load = slow_load
+        errors, compiled = [], []
+        def work(k):
+            try:  # the backend is looked up when the wrapper is made
+                compiled.append(torch.compile(torch.nn.Linear(2, 2), backend="neuron"))
+            except Exception as e:
+                errors.append(repr(e))
+        ts = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+        [t.start() for t in ts]
+        [t.join(240) for t in ts]
+        m = torch.nn.Linear(2, 2).to("neuron")
+        out = torch.compile(m, backend="neuron")(torch.ones(1, 2, device="neuron"))
+        print(json.dumps({"errors": errors, "compiled": len(compiled),
+                          "same": bool(torch.equal(out.cpu(), m(torch.ones(1, 2, device="neuron")).cpu()))}))
+        """,
+        timeout=300,
+    )
+    assert facts == {"errors": [], "compiled": 8, "same": True}

@@ -163,8 +163,28 @@ def release_stacks_at_dynamo_reset(dynamo: Any) -> None:
     dynamo.reset = reset
 
 
+def neuron(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+    """Dynamo's ``"neuron"`` backend: ``torchneuron_lab.compiler.backend.neuron_backend``, imported at the first
+    compile."""
+    from .compiler.backend import neuron_backend
+
+    return neuron_backend(gm, example_inputs, **kwargs)
+
+
+def register_dynamo_backend(dynamo: Any) -> None:
+    """``"neuron"`` in Dynamo's registry as soon as Dynamo is imported. Left to its entry point, the first
+    ``torch.compile(backend="neuron")`` of two threads at once raced in Dynamo's lookup (both loaded the entry
+    point and registered it: ``AssertionError: duplicate name: neuron``)."""
+    from torch._dynamo.backends import registry
+
+    if "neuron" not in registry._COMPILER_FNS:
+        registry.register_backend(compiler_fn=neuron, name="neuron")
+
+
 def install_import_hooks() -> None:
-    """AOTInductor's refusal of neuron graphs and Dynamo's reset releasing launch stacks, each installed when
-    its module is imported (importing either costs seconds: not at registration)."""
+    """AOTInductor's refusal of neuron graphs, Dynamo's reset releasing launch stacks and the ``"neuron"``
+    backend's registration, each installed when its module is imported (importing either costs seconds:
+    not at registration)."""
     after_import("torch._inductor", _refuse_aoti_on_neuron)
     after_import("torch._dynamo", release_stacks_at_dynamo_reset)
+    after_import("torch._dynamo", register_dynamo_backend)
