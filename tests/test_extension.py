@@ -88,9 +88,11 @@ def test_load_status_line_unload_and_reload(ip: Any) -> None:
     assert f"{n} neuron device(s)" in lines[0] and f"torch {torch.__version__}" in lines[0]
     assert f"{hbm / 2**30:.2f} GiB HBM each" in lines[0]
     assert f"profile {torchneuron_lab.device.current_config()['profile']}" in lines[0]
-    with capture_output():
+    with capture_output() as cap:
         ip.run_line_magic("neuron_watch", "on")
         ip.run_line_magic("reload_ext", "torchneuron_lab")
+    # the reload turned the watch off: said, not silent
+    assert "neuron_watch was on: it is off now that the extension is unloaded" in cap.stdout
     assert all(m in mm.magics["line"] for m in MAGICS)
     assert recorder._source_mapper is not None
     hooks = [cb for cb in ip.events.callbacks["post_run_cell"] if "Watch" in repr(getattr(cb, "__self__", ""))]

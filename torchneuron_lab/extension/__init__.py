@@ -45,6 +45,9 @@ def unload_ipython_extension(ip: Any) -> None:
     if entry is None:
         return
     magics, watch = entry
+    if watch.active:  # %reload_ext is an unload and a load: the new extension starts with the watch off
+        print("neuron_watch was on: it is off now that the extension is unloaded (%reload_ext included); "
+              "%neuron_watch on turns it on again")
     set_watch(ip, watch, False)
     mm = ip.magics_manager
     for kind, names in magics.magics.items():
