@@ -256,3 +256,81 @@ def test_autocast_module_forward_backward_keeps_fp32_params() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out_cpu = lin_cpu(x.cpu())
     torch.testing.assert_close(out.cpu(), out_cpu, rtol=0, atol=0)
+
+
+def _encoder() -> torch.nn.Module:
+    torch.manual_seed(0)
+    enc = torch.nn.TransformerEncoder(torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 2,
+                                      enable_nested_tensor=False)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), enc).eval().to("neuron")
+
+
+def test_under_neuron_autocast_attention_modules_leave_their_fast_path_as_on_cuda() -> None:
+    # torch.is_autocast_enabled() (no device) read only CUDA's flag: under torch.autocast("neuron") MHA and the
+    # encoder took their fused fast path, which failed on the Linear's half output ("expected m1 and m2 to have
+    # the same dtype") or ran in float32. CUDA's modules see autocast and take the slow path.
+    model = _encoder()
+    x = torch.randn(2, 5, 4, device="neuron")
+    with torch.inference_mode(), torch.autocast("neuron", dtype=torch.float16):
+        assert torch.is_autocast_enabled() and not torch.is_autocast_enabled("cpu")
+        out = model(x)
+        mha = model[1].layers[0].self_attn
+        h = model[0](x)
+        att = mha(h, h, h, need_weights=False)[0]
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        with torch.inference_mode(), torch.autocast("neuron", dtype=torch.float16):
+            slow = model(x)
+            slow_att = mha(h, h, h, need_weights=False)[0]
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+    assert att.dtype == torch.float16 and out.dtype == torch.float32  # the encoder ends in layer_norm (fp32 on CUDA)
+    assert torch.equal(out.cpu(), slow.cpu()) and torch.equal(att.cpu(), slow_att.cpu())
+    assert not torch.is_autocast_enabled()
+
+
+def test_cpu_autocast_does_not_reach_a_neuron_kernel_run_on_the_host() -> None:
+    # the host path ran the CPU kernel with the caller's autocast state: MHA's fused fast path on neuron came out
+    # bfloat16 under torch.autocast("cpu") (CUDA tensors never see CPU autocast)
+    # (a plan's first launch runs on the host: shapes no other test uses, the autocast call first)
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()
+    x = torch.randn(2, 3, 8)
+    with torch.no_grad():
+        ref = mha(x, x, x)[0]
+        mha.to("neuron")
+        xn = x.to("neuron")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = mha(xn, xn, xn)[0]
+    assert got.dtype == torch.float32 and torch.equal(got.cpu(), ref)
+
+
+def test_data_parallel_replicas_run_under_the_callers_neuron_autocast() -> None:
+    # parallel_apply carries torch.is_autocast_enabled() into the replicas' threads: it read False under neuron
+    # autocast, and the replicas ran in float32
+    class M(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.lin(x), torch.tensor([torch.is_autocast_enabled("neuron")], device=x.device)
+
+    dp = torch.nn.DataParallel(M().to("neuron:0"), device_ids=[0, 1])
+    with torch.autocast("neuron", dtype=torch.float16):
+        y, flags = dp(torch.randn(4, 4, device="neuron:0"))
+    assert y.dtype == torch.float16 and flags.tolist() == [True, True]
+
+
+def test_compiled_attention_under_neuron_autocast_folds_the_autocast_flag() -> None:
+    # Dynamo folds torch.is_autocast_enabled(); with the device's wrapper in its place the builtin it calls was not
+    # in Dynamo's table: "torch.* op returned non-Tensor" for any compiled MHA
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval().to("neuron")
+    x = torch.randn(2, 4, 8, device="neuron")
+    f = torch.compile(lambda t: mha(t, t, t, need_weights=False)[0], backend="neuron", fullgraph=True)
+    with torch.no_grad():
+        with torch.autocast("neuron", dtype=torch.float16):
+            half = f(x)
+        full = f(x)  # autocast off again: recompiled
+    assert (half.dtype, full.dtype) == (torch.float16, torch.float32)

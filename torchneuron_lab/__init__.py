@@ -15,7 +15,7 @@ __all__ = ["__version__", "load_ipython_extension", "register_device", "unload_i
 
 def register_device() -> None:
     """Register the ``neuron`` device (builds the C++ core on first use). Safe to call repeatedly."""
-    from . import _flex_attention, _inductor_redirect, _parallel_comm
+    from . import _autocast_flag, _flex_attention, _inductor_redirect, _parallel_comm
     from .device import register
 
     register()
@@ -23,6 +23,7 @@ def register_device() -> None:
     _inductor_redirect.install_import_hooks()  # AOTInductor refuses neuron graphs; Dynamo's reset frees stacks
     _flex_attention.install()  # flex_attention's device check lets neuron through, as it does CUDA
     _parallel_comm.install()  # nn.DataParallel's torch._C._scatter/_gather/... for neuron tensors
+    _autocast_flag.install()  # torch.is_autocast_enabled() answers for neuron's autocast too (nn's fast paths)
 
 
 def _autoload() -> None:

@@ -1866,6 +1866,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     std::optional<c10::DeviceGuard> guard;
     if (current_device() != cs.device) guard.emplace(c10::Device(kNeuron, cs.device));
     RedirectGuard redirect(cs.cpu_outputs ? -1 : cs.device);
+    // The CPU kernel's own ATen calls run on CPU aliases: the caller's torch.autocast("cpu") must not reach them
+    // (a device kernel never sees CPU autocast; on a worker the thread's autocast is off). MHA's fast path ran in
+    // bf16 on neuron under CPU autocast.
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   } catch (c10::Error& e) {
     end_host_thread_pool();
