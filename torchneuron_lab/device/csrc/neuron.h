@@ -160,8 +160,14 @@ uint32_t thread_hash();
 // The calling thread's Python stack (innermost `max_depth` frames) as a stack-table id (kNoStack if none).
 int32_t capture_stack(size_t max_depth = SIZE_MAX);
 constexpr size_t kLaunchSiteDepth = 32;  // frames kept for a launch site when stacks are not recorded
-// Launch-site frames of a stack id, innermost first: (filename, line, function). Takes the GIL.
-std::vector<std::tuple<std::string, int, std::string>> stack_frames(int32_t id);
+// Launch-site frames of a stack id, innermost first. Takes the GIL.
+struct SiteFrame {
+  std::string file;
+  int line = 0;
+  std::string name;
+  int first_line = 0;  // the code's co_firstlineno (Dynamo's code for a compiled function runs its graph there)
+};
+std::vector<SiteFrame> stack_frames(int32_t id);
 bool release_stacks_if_unreferenced();
 // Before the stack table is cleared: a pending asynchronous error keeps its launch frames (GIL not held).
 void resolve_pending_error_sites();

@@ -63,7 +63,7 @@ struct AsyncError {
   int32_t stack = kNoStack;
   // The stack's frames, read before the stack table was cleared (a recorder's clear or start, a Dynamo
   // reset): the error is reported later, and the table's ids are reused after a clear.
-  std::vector<std::tuple<std::string, int, std::string>> frames;
+  std::vector<SiteFrame> frames;
   uint64_t launch = 0;
   int later = 0;  // further kernels that failed before it was reported
 };
@@ -687,16 +687,28 @@ bool internal_file(const std::string& file) {
 // (recorder.set_source_mapper): a strong reference, never released (it may outlive the interpreter).
 std::atomic<PyObject*> g_site_mapper{nullptr};
 
-std::string launch_site(const std::vector<std::tuple<std::string, int, std::string>>& frames) {
+std::string format_site(const SiteFrame& f);
+
+std::string launch_site(const std::vector<SiteFrame>& frames) {
   if (frames.empty()) return "";
   // The innermost frame outside torch, the lab and code they generated: the user's line that launched it.
-  const auto* pick = &frames.front();
-  for (const auto& f : frames) {
-    if (internal_file(std::get<0>(f))) continue;
-    pick = &f;
-    break;
+  size_t pick = 0;
+  while (pick < frames.size() && internal_file(frames[pick].file)) ++pick;
+  if (pick == frames.size()) return format_site(frames.front());
+  // A compiled function's kernels launch from Dynamo's code for it, which runs the graph at the function's
+  // first line (its decorator): the line that launched them is its caller's.
+  const SiteFrame& f = frames[pick];
+  if (f.line == f.first_line) {
+    for (size_t j = pick + 1; j < frames.size(); ++j)
+      if (!internal_file(frames[j].file)) return format_site(frames[j]) + " (compiled " + f.name + ")";
   }
-  const auto& [file, line, name] = *pick;
+  return format_site(f);
+}
+
+std::string format_site(const SiteFrame& f) {
+  const std::string& file = f.file;
+  const int line = f.line;
+  const std::string& name = f.name;
   PyObject* mapper = g_site_mapper.load();
   if (mapper != nullptr && Py_IsInitialized() && !_Py_IsFinalizing()) {
     PyGILState_STATE g = PyGILState_Ensure();

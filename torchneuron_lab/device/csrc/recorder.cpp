@@ -396,8 +396,8 @@ void push_event_from(EventRecord ev, uint32_t thread, int32_t stack, uint64_t ki
   }
 }
 
-std::vector<std::tuple<std::string, int, std::string>> stack_frames(int32_t id) {
-  std::vector<std::tuple<std::string, int, std::string>> out;
+std::vector<SiteFrame> stack_frames(int32_t id) {
+  std::vector<SiteFrame> out;
   if (id < 0 || !Py_IsInitialized() || python_finalizing()) return out;
   PyGILState_STATE g = PyGILState_Ensure();
   {
@@ -408,7 +408,7 @@ std::vector<std::tuple<std::string, int, std::string>> stack_frames(int32_t id) 
         auto* code = reinterpret_cast<PyCodeObject*>(fr.code);
         const char* file = PyUnicode_AsUTF8(code->co_filename);
         const char* name = PyUnicode_AsUTF8(code->co_name);
-        out.emplace_back(file ? file : "?", PyCode_Addr2Line(code, fr.lasti), name ? name : "?");
+        out.push_back({file ? file : "?", PyCode_Addr2Line(code, fr.lasti), name ? name : "?", code->co_firstlineno});
       }
     }
   }
