@@ -155,6 +155,8 @@ def test_killed_builder_does_not_block_and_live_builder_is_waited_for_with_a_bou
         ("TORCHNEURON_LAB_NUM_DEVICES", "two", "TORCHNEURON_LAB_NUM_DEVICES='two' is not an integer"),
         ("TORCHNEURON_LAB_PROFILE", "bogus", "TORCHNEURON_LAB_PROFILE: "),
         ("TORCHNEURON_LAB_HBM_BYTES", "lots", "TORCHNEURON_LAB_HBM_BYTES='lots' is not a size"),
+        # beyond what the C++ core takes (a signed 64-bit size): it failed there with a TypeError
+        ("TORCHNEURON_LAB_HBM_BYTES", "1e99", "TORCHNEURON_LAB_HBM_BYTES must be an int in [1 MiB, 4 EiB]"),
         # runtime switches the C++ core would have read as their default (launch blocking: asynchronous)
         ("TORCHNEURON_LAB_LAUNCH_BLOCKING", "true", "TORCHNEURON_LAB_LAUNCH_BLOCKING='true': must be one of 0, 1"),
         ("TORCHNEURON_LAB_SPIN_THROTTLE", "sometimes",

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -295,7 +296,10 @@ while True:
 """
 
 
-def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
+def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_path: Path, signame: str,
+                                                                           code: int) -> None:
+    # SIGTERM (timeout, CI, a job scheduler) wrote no partial profile and no message before
     import signal
     import time
 
@@ -313,18 +317,18 @@ def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_pa
             assert line or proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         time.sleep(1.0)
         t0 = time.monotonic()
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         out, err = proc.communicate(timeout=60)
         elapsed = time.monotonic() - t0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, (out, err)
+    assert proc.returncode == code, (out, err)
     # writing the partial profile (drain, read, summary, HTML with plotly.js, Chrome trace): 12-16 s on an
     # Intel 2-vCPU machine (2026-12-05), less on the AMD ones; a hang is caught at 45 s
     assert elapsed < 45, elapsed
-    assert "interrupted (SIGINT): writing the partial profile" in err
+    assert f"interrupted ({signame}): writing the partial profile" in err
     assert "cell raised KeyboardInterrupt" in out or "KeyboardInterrupt" in out, out
     obj = json.loads((tmp_path / "t.json").read_text())
     validate_chrome_trace(obj)
@@ -351,3 +355,62 @@ def test_profile_a_script_whose_file_name_is_not_utf8(tmp_path: Path, json_engin
     assert "Plotly.newPlot" in text
     assert "s\\\\xffx.py: kernel timeline" in text  # the title, backslash escaped once more by JSON
     assert "<title>torchneuron-lab profile s\\xffx.py</title>" in text
+
+
+def test_the_summary_and_outputs_survive_a_script_that_closes_stdout_and_an_ascii_stdout(tmp_path: Path) -> None:
+    # a script closing sys.stdout crashed the CLI at its flush and lost the trace and report; an ASCII stdout
+    # (PYTHONIOENCODING=ascii) failed printing the summary's arrows and lost the report
+    (tmp_path / "closes.py").write_text("import sys, torch\n(torch.ones(4, device='neuron') * 2).sum().item()\n"
+                                        "sys.stdout.close()\n")
+    proc = cli("profile", "closes.py", "-o", "r.html", "--trace", "t.json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "neuron_profile" in proc.stdout and "Plotly.newPlot" in (tmp_path / "r.html").read_text()
+    validate_chrome_trace(json.loads((tmp_path / "t.json").read_text()))
+    (tmp_path / "copies.py").write_text("import torch\n(torch.ones(4, device='neuron') * 2).cpu()\n")
+    proc = cli("profile", "copies.py", "-o", "a.html", "--trace", "a.json", cwd=tmp_path,
+               env={"PYTHONIOENCODING": "ascii"})
+    assert proc.returncode == 0, proc.stderr
+    assert "device\\u2192host" in proc.stdout and (tmp_path / "a.html").is_file()
+
+
+def test_a_notebook_given_to_profile_and_a_demo_directory_that_is_a_file_fail_at_once(tmp_path: Path) -> None:
+    (tmp_path / "nb.ipynb").write_text("{}")
+    proc = cli("profile", "nb.ipynb", cwd=tmp_path)
+    assert proc.returncode == 2 and "nb.ipynb is a Jupyter notebook: profile its cells with %%neuron_profile" in \
+        proc.stderr, proc.stderr
+    (tmp_path / "out").write_text("a file")
+    t0 = time.monotonic()
+    proc = cli("demo", "-o", "out", "--no-report", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "torchneuron-lab demo: error: -o/--output: " in proc.stderr and "exists and is not a directory" in \
+        proc.stderr and "Traceback" not in proc.stderr
+    assert "step 0" not in proc.stdout and time.monotonic() - t0 < 60  # refused before the training
+
+
+def test_sigterm_while_demo_runs_the_notebook_says_it_was_interrupted(tmp_path: Path) -> None:
+    # nbclient turned the interrupt into an AssertionError: exit 1, "the quickstart notebook failed: AssertionError: "
+    import signal
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-m", "torchneuron_lab.cli", "demo", "-o", "d", "--steps", "1"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 240
+        line = ""
+        while "running the quickstart notebook" not in line and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        time.sleep(3.0)  # the kernel is starting or running cells
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # nbclient takes the signal while it runs: which one it was is lost, the exit code is Ctrl-C's
+    assert proc.returncode in (130, 143), (out, err)
+    assert re.search(r"torchneuron-lab demo: interrupted \((SIGTERM|a signal)\) while running the quickstart "
+                     "notebook", err), err
+    assert (tmp_path / "d" / "trace.json").is_file() and not (tmp_path / "d" / "quickstart_report.html").exists()

@@ -286,7 +286,7 @@ def test_configure_after_first_use_raises_a_clear_error_in_process() -> None:
 
 @pytest.mark.parametrize("bad", [{"num_devices": 0}, {"num_devices": 65}, {"hbm_bytes": 1000}])
 def test_configure_rejects_out_of_range_values(bad: dict[str, int]) -> None:
-    with pytest.raises(ValueError, match="num_devices must be an int in|hbm_bytes must be an int >="):
+    with pytest.raises(ValueError, match="num_devices must be an int in|hbm_bytes must be an int in"):
         neuron_device.configure(**bad)
 
 

@@ -28,6 +28,37 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from typing import Self
+
+
+class _Interrupted:
+    """SIGINT and SIGTERM raise KeyboardInterrupt while installed, remembering which came (a job scheduler,
+    ``timeout`` and CI stop a run with SIGTERM: it gets what Ctrl-C gets); restored on exit."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._saved: dict[int, object] = {}
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.signal = signum
+        raise KeyboardInterrupt
+
+    def __enter__(self) -> Self:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal else "SIGINT"
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + (self.signal or signal.SIGINT)
 
 
 def _info(_: argparse.Namespace) -> int:
@@ -56,8 +87,20 @@ def _demo(args: argparse.Namespace) -> int:
     from torchneuron_lab.tracing import summarize, write_chrome_trace
     from torchneuron_lab.tracing.events import displayable
 
-    out = Path(args.output).absolute() if args.output else Path(tempfile.mkdtemp(prefix="torchneuron_lab_demo_"))
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(args.output).expanduser().absolute() if args.output else Path(
+        tempfile.mkdtemp(prefix="torchneuron_lab_demo_"))
+    try:  # before the run: a bad directory fails at once, not after the training
+        if out.exists() and not out.is_dir():
+            raise NotADirectoryError(f"{out} exists and is not a directory")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in ("trace.json", "memory_snapshot.pickle", "summary.json", "quickstart_report.html"):
+            if (out / name).is_dir():
+                raise IsADirectoryError(f"{out / name} is a directory (the demo writes a file there)")
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise PermissionError(f"{out} is not writable")
+    except OSError as e:
+        print(f"torchneuron-lab demo: error: -o/--output: {e}", file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(256, 512), torch.nn.GELU(), torch.nn.LayerNorm(512), torch.nn.Linear(512, 10)
@@ -99,11 +142,18 @@ def _demo(args: argparse.Namespace) -> int:
         return 0
     print("\nrunning the quickstart notebook headless ...", flush=True)
     t0 = time.perf_counter()
-    try:
-        report = run_notebook_report(QUICKSTART, out / "quickstart_report.html", cwd=out)
-    except Exception as e:  # noqa: BLE001 - a cell error: say which, keep the outputs written so far
-        print(f"the quickstart notebook failed: {type(e).__name__}: {e}", file=sys.stderr)
-        return 1
+    with _Interrupted() as stop:
+        try:
+            report = run_notebook_report(QUICKSTART, out / "quickstart_report.html", cwd=out)
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - say which, keep the outputs written so far
+            if stop.signal is not None or isinstance(e, KeyboardInterrupt):
+                # (while nbclient runs, it takes the signal: which one is not known, and the exit code is Ctrl-C's)
+                what = stop.name if stop.signal is not None else "a signal"
+                print(f"torchneuron-lab demo: interrupted ({what}) while running the quickstart notebook; "
+                      "the trace, snapshot and summary above are written, the report is not", file=sys.stderr)
+                return stop.exit_code
+            print(f"the quickstart notebook failed: {type(e).__name__}: {e}", file=sys.stderr)
+            return 1
     print(displayable(f"wrote the HTML report {report} ({time.perf_counter() - t0:.1f} s)"))
     return 0
 
@@ -134,8 +184,16 @@ def run_notebook_report(name: str, html_path: Path, *, cwd: Path, timeout: int =
     from nbconvert import HTMLExporter
 
     nb = nbformat.read(bundled_notebook(name), as_version=4)
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
-                   resources={"metadata": {"path": str(cwd)}}).execute()
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=False,
+                            resources={"metadata": {"path": str(cwd)}})
+    try:
+        client.execute()
+    except BaseException as e:
+        # nbclient takes SIGINT and SIGTERM itself while it runs (it shuts the kernel down, and the run then fails
+        # with an AssertionError or asyncio's CancelledError): its cleanup future says a signal came
+        if getattr(client, "_async_cleanup_kernel_future", None) is not None or isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt from e
+        raise
     exporter = HTMLExporter(embed_images=True)
     body, _ = exporter.from_notebook_node(nb)
     from torchneuron_lab.tracing.chrome_trace import write_atomically
@@ -239,8 +297,8 @@ def _profile(args: argparse.Namespace) -> int:
     sys.argv = [str(args.script), *args.args]
     sys.path.insert(0, str(script.resolve().parent))  # as ``python script.py`` does
     exit_code = 0
-    # Ctrl-C raises KeyboardInterrupt in the script even if our parent ignored SIGINT
-    saved_sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    # Ctrl-C (and SIGTERM) raise KeyboardInterrupt in the script, even if our parent ignored SIGINT
+    stop = _Interrupted().__enter__()
 
     def run() -> None:  # the path as given, so tracebacks read as with ``python script.py``
         runpy.run_path(str(args.script), run_name="__main__")
@@ -250,6 +308,7 @@ def _profile(args: argparse.Namespace) -> int:
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
         os.chdir(saved_cwd)
+        _usable_stdio()  # the script may have closed or replaced sys.stdout
     sys.stdout.flush()
     if isinstance(error, SystemExit):
         code = error.code
@@ -259,18 +318,15 @@ def _profile(args: argparse.Namespace) -> int:
         if exit_code == 0:
             res.error = None
     elif isinstance(error, KeyboardInterrupt):
-        exit_code = 130
-        print("torchneuron-lab profile: interrupted (SIGINT): writing the partial profile", file=sys.stderr)
+        exit_code = stop.exit_code
+        print(f"torchneuron-lab profile: interrupted ({stop.name}): writing the partial profile", file=sys.stderr)
     elif error is not None:
         sys.stderr.write(_user_traceback(error, script))
         exit_code = 1
-    try:
+    written = None
+    try:  # the files first: printing the summary can fail (a closed or broken stdout) without losing them
         if trace_path is not None:
             res.export(str(trace_path))
-        print(res)
-        dropped = _dropped_line(res.trace)
-        if dropped:
-            print(dropped)
         if report_path is not None:
             from torchneuron_lab.widgets import save_html, timeline_figure
 
@@ -278,14 +334,42 @@ def _profile(args: argparse.Namespace) -> int:
             name = displayable(script.name)
             fig = timeline_figure(res.trace, title=f"{html.escape(name)}: kernel timeline")
             written = save_html(fig, str(report_path), title=f"torchneuron-lab profile {name}")
-            print(f"  timeline figure written to {displayable(str(written))}")
     except (OSError, UnicodeError) as e:
         print(f"torchneuron-lab profile: cannot write the output: {e}", file=sys.stderr)
-        return exit_code or 1
+        exit_code = exit_code or 1
     finally:
-        signal.signal(signal.SIGINT, saved_sigint)
-    sys.stdout.flush()
+        stop.__exit__()
+    try:
+        print(res)
+        dropped = _dropped_line(res.trace)
+        if dropped:
+            print(dropped)
+        if written is not None:
+            print(f"  timeline figure written to {displayable(str(written))}")
+        sys.stdout.flush()
+    except (OSError, ValueError) as e:  # stdout closed, or a broken pipe
+        print(f"torchneuron-lab profile: cannot print the summary to standard output: {e}", file=sys.stderr)
+        exit_code = exit_code or 1
     return exit_code
+
+
+def _usable_stdio() -> None:
+    """A standard stream the script closed is opened again on its file descriptor (the summary and errors
+    still print), and unencodable characters are escaped, not fatal (``PYTHONIOENCODING=ascii``)."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        if stream is None or getattr(stream, "closed", False):
+            try:
+                stream = open(fd, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115 - the process's own
+            except OSError:
+                continue
+            setattr(sys, name, stream)
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass
 
 
 def _positive_int(text: str) -> int:
@@ -299,7 +383,10 @@ def _positive_int(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="torchneuron-lab", description=__doc__.splitlines()[0])
+    _usable_stdio()
+    parser = argparse.ArgumentParser(
+        prog="torchneuron-lab",
+        description="The torchneuron_lab command line: device info, the demo job, profiling a script.")
     sub = parser.add_subparsers(dest="command", required=True)
     p_info = sub.add_parser("info", help="devices, profile, capacity, C++ core build status, versions")
     p_info.set_defaults(fn=_info)
@@ -330,8 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         script = Path(args.script)
         if script.is_dir():
             p_prof.error(f"{args.script} is a directory, not a Python script")
-        if not script.is_file():
+        if not script.exists():  # a pipe or a device (/dev/stdin, <(...)) is a script too, as for python
             p_prof.error(f"no such script: {args.script}")
+        if script.suffix == ".ipynb":
+            p_prof.error(f"{args.script} is a Jupyter notebook: profile its cells with %%neuron_profile in Jupyter, "
+                         "or convert it first (jupyter nbconvert --to script)")
     if unknown:
         if args.command == "profile":
             extra = " ".join(unknown)

@@ -80,8 +80,9 @@ def _resolve(num_devices: int | None, hbm_bytes: int | None, profile_name: str |
     hbm = prof.hbm_bytes if hbm is None else hbm
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= 64:
         raise ValueError(f"{n_src} must be an int in [1, 64], got {n!r}")
-    if isinstance(hbm, bool) or not isinstance(hbm, int) or hbm < (1 << 20):
-        raise ValueError(f"{hbm_src} must be an int >= 1 MiB (1048576), got {hbm!r}")
+    if isinstance(hbm, bool) or not isinstance(hbm, int) or not (1 << 20) <= hbm <= (1 << 62):
+        # (the C++ core takes a signed 64-bit size: 1e99 failed there with a TypeError)
+        raise ValueError(f"{hbm_src} must be an int in [1 MiB, 4 EiB] (1048576 to 2**62), got {hbm!r}")
     return {"num_devices": n, "hbm_bytes": hbm, "profile": prof.name}
 
 

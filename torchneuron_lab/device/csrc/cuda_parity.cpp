@@ -12,6 +12,8 @@
 // What stays unsupported is listed in README.md ("CUDA parity").
 #include "neuron.h"
 
+#include <ATen/record_function.h>
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/native/TypeProperties.h>
@@ -244,6 +246,7 @@ std::optional<MetaVerdict> meta_verdict(const c10::OperatorHandle& op, const tor
   }
   MetaVerdict out;
   try {
+    at::RecordFunctionGuard no_op_events(false);  // a Python Meta kernel's ATen calls are not the program's ops
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &ms);
   } catch (const c10::NotImplementedError&) {  // the dispatcher's: no Meta kernel
     return std::nullopt;

@@ -19,6 +19,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
@@ -1110,6 +1111,7 @@ std::shared_ptr<LaunchPlan> make_plan(const c10::OperatorHandle& op, const OpMet
   }
   try {
     QuietWarnings quiet;  // the CPU kernel gives the call's warnings
+    at::RecordFunctionGuard no_op_events(false);  // a Python Meta kernel's ATen calls are not the program's ops
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::Meta), &mstack);
   } catch (...) {
     // No Meta kernel, a data-dependent shape, or a real error of the arguments (shapes, dtypes): the
@@ -1870,6 +1872,9 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     // (a device kernel never sees CPU autocast; on a worker the thread's autocast is off). MHA's fast path ran in
     // bf16 on neuron under CPU autocast.
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    // Nor the profiler's op callbacks: its inner ATen calls are the emulator's (a device kernel's work), not
+    // ops of the program (a first call's host check listed le, where, empty_permuted... under relu)
+    at::RecordFunctionGuard no_op_events(false);
     op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::CPU), stack);
   } catch (c10::Error& e) {
     end_host_thread_pool();

@@ -13,6 +13,7 @@
 #include <torch/csrc/profiler/stubs/base.h>
 
 #include <mutex>
+#include <set>
 
 namespace tnl {
 
@@ -46,6 +47,10 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     g_recording_flags.fetch_or(kKinetoBit);
   }
   void stop() override {
+    // Kernels launched in this session finish and are recorded in it: torch's profile.__exit__ synchronises
+    // only the current device, so a kernel still queued on another (or behind a long one) was lost, or landed
+    // in the next session with this one's correlation ids.
+    drain_all();
     g_recording_flags.fetch_and(~kKinetoBit);
     std::lock_guard<std::mutex> lock(sink().mu);
     sink().active = false;
@@ -66,12 +71,14 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
     for (const auto& [ev, corr] : events_) {
       const auto type = ev.kind == EventKind::Dma ? libkineto::ActivityType::GPU_MEMCPY
                                                   : libkineto::ActivityType::CONCURRENT_KERNEL;
-      trace_->emplace_activity(trace_->span, type, string_of(ev.name_id));
+      trace_->emplace_activity(trace_->span, type, ascii_name(string_of(ev.name_id)));
       auto& a = libkineto::CpuTraceBuffer::toRef(trace_->activities.back());
       a.startTime = (ev.start_ns + offset_ns_) / div;
       a.endTime = std::max(ev.end_ns + offset_ns_, ev.start_ns + offset_ns_ + 1) / div;
       a.device = ev.device;
-      a.resource = static_cast<int32_t>(ev.engine);
+      // one track per stream and engine (CUDA's traces have one per stream): kernels of two streams overlap
+      a.resource = resource_of(ev);
+      a.addMetadata("stream", std::to_string(ev.stream));
       a.id = static_cast<int32_t>(corr);
       a.flow.id = static_cast<uint32_t>(corr);
       a.flow.type = libkineto::kLinkAsyncCpuGpu;
@@ -88,7 +95,16 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
   std::unique_ptr<libkineto::DeviceInfo> getDeviceInfo() override {
     return std::make_unique<libkineto::DeviceInfo>(libkineto::DeviceInfo{0, 0, "neuron", "Emulated NeuronCore"});
   }
-  std::vector<libkineto::ResourceInfo> getResourceInfos() override { return {}; }
+  std::vector<libkineto::ResourceInfo> getResourceInfos() override {
+    std::set<std::pair<int, int32_t>> seen;
+    std::vector<libkineto::ResourceInfo> out;
+    for (const auto& [ev, corr] : events_) {
+      const int32_t r = resource_of(ev);
+      if (!seen.insert({ev.device, r}).second) continue;
+      out.push_back({r, r, ev.device, "stream " + std::to_string(ev.stream) + " " + engine_label(ev.engine)});
+    }
+    return out;
+  }
   std::unique_ptr<libkineto::CpuTraceBuffer> getTraceBuffer() override { return std::move(trace_); }
   void pushCorrelationId(uint64_t id) override { tls_correlation.push_back(id); }
   void popCorrelationId() override {
@@ -96,6 +112,16 @@ class NeuronProfilerSession final : public libkineto::IActivityProfilerSession {
   }
 
  private:
+  static int32_t resource_of(const EventRecord& ev) {
+    return std::max(ev.stream, 0) * 8 + static_cast<int32_t>(ev.engine);
+  }
+  // Kineto's JSON writer replaces a name with a non-ASCII character by "unknown" (every DMA's "device→host")
+  static std::string ascii_name(std::string name) {
+    for (size_t at; (at = name.find("\u2192")) != std::string::npos;) name.replace(at, 3, "->");
+    for (char& c : name)
+      if (static_cast<unsigned char>(c) >= 0x80) c = '?';
+    return name;
+  }
   static std::string engine_label(Engine e) {
     static const char* names[] = {"tensor", "vector", "scalar", "gpsimd", "dma", "host"};
     return names[static_cast<int>(e)];
