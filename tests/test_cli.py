@@ -296,6 +296,21 @@ while True:
 """
 
 
+def _start_cli_until(cwd: Path, marker: str, *args: str) -> subprocess.Popen[str]:
+    """``torchneuron-lab *args`` in its own session, once its standard output has printed ``marker``."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    proc = subprocess.Popen([sys.executable, "-m", "torchneuron_lab.cli", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + 240
+    line = ""
+    while marker not in line and time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line and proc.poll() is not None:
+            raise AssertionError(proc.stderr.read() if proc.stderr else "")
+    return proc
+
+
 @pytest.mark.parametrize(("signame", "code"), [("SIGINT", 130), ("SIGTERM", 143)])
 def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_path: Path, signame: str,
                                                                            code: int) -> None:
@@ -304,17 +319,8 @@ def test_sigint_stops_the_script_writes_the_partial_profile_and_exits_130(tmp_pa
     import time
 
     (tmp_path / "loop.py").write_text(LOOP)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen([sys.executable, "-m", "torchneuron_lab.cli", "profile", "loop.py", "-o", "r.html",
-                             "--trace", "t.json"], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = _start_cli_until(tmp_path, "READY", "profile", "loop.py", "-o", "r.html", "--trace", "t.json")
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 240
-        line = ""
-        while "READY" not in line and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         time.sleep(1.0)
         t0 = time.monotonic()
         proc.send_signal(getattr(signal, signame))
@@ -391,17 +397,8 @@ def test_sigterm_while_demo_runs_the_notebook_says_it_was_interrupted(tmp_path: 
     # nbclient turned the interrupt into an AssertionError: exit 1, "the quickstart notebook failed: AssertionError: "
     import signal
 
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    proc = subprocess.Popen([sys.executable, "-m", "torchneuron_lab.cli", "demo", "-o", "d", "--steps", "1"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _start_cli_until(tmp_path, "running the quickstart notebook", "demo", "-o", "d", "--steps", "1")
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + 240
-        line = ""
-        while "running the quickstart notebook" not in line and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            assert line or proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         time.sleep(3.0)  # the kernel is starting or running cells
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
