@@ -43,6 +43,6 @@ def install() -> None:
         # "torch.* op returned non-Tensor". The builtin joins the table.
         from torch._dynamo.variables import torch as variables
 
-        variables.constant_fold_functions.setdefault(original, None)
+        variables.constant_fold_functions.setdefault(original, None)  # type: ignore[attr-defined]  # a dict at run time
 
     after_import("torch._dynamo", fold_in_dynamo)
