@@ -190,3 +190,24 @@ def test_bad_environment_keeps_torch_importable(var: str, value: str, message: s
     assert out["cpu"] == 4.0 and not out["neuron"]
     assert len(out["warnings"]) == 1 and message in out["warnings"][0]
     assert out["err"] is not None and out["err"].startswith("ValueError: ") and message in out["err"]
+
+
+def test_an_unusable_build_cache_names_itself_and_the_variable(tmp_path: Path) -> None:
+    # a raw FileExistsError/NotADirectoryError from pathlib named neither the cache nor how to move it
+    (tmp_path / "a-file").write_text("")
+    code = """
+    import json, torch
+    try:
+        import torchneuron_lab
+        err = None
+    except Exception as e:
+        err = f"{type(e).__name__}: {e}"
+    print(json.dumps({"err": err, "cpu": float((torch.ones(2) + 1).sum())}))
+    """
+    proc = _child(code, {"TORCHNEURON_LAB_BUILD_DIR": str(tmp_path / "a-file" / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["cpu"] == 4.0
+    assert out["err"].startswith(f"RuntimeError: torchneuron_lab: the C++ core's build cache {tmp_path / 'a-file' / 'cache'}"
+                                 " cannot be used"), out
+    assert "set TORCHNEURON_LAB_BUILD_DIR (or XDG_CACHE_HOME) to a writable directory" in out["err"]

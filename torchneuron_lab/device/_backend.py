@@ -260,6 +260,14 @@ def lib() -> ModuleType:
 
             check_runtime_env()  # (also reached with TORCHNEURON_LAB_REGISTER=0): a bounded wait
             timeout = float(os.environ.get("TORCHNEURON_LAB_BUILD_TIMEOUT") or "900")
+            try:
+                root.mkdir(parents=True, exist_ok=True)
+                if not os.access(root, os.W_OK | os.X_OK):
+                    raise PermissionError(f"{root} is not writable")
+            except OSError as e:  # (a raw FileExistsError from pathlib named neither the cache nor the variable)
+                raise RuntimeError(
+                    f"torchneuron_lab: the C++ core's build cache {root} cannot be used ({e}); set "
+                    "TORCHNEURON_LAB_BUILD_DIR (or XDG_CACHE_HOME) to a writable directory") from None
             with _BuildLock(root / f"build-{key}.lock", timeout):
                 if not _verified(build_dir):  # nobody built it while we waited
                     _build(build_dir)
