@@ -28,7 +28,10 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Self
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # (typing.Self is Python 3.11's; the annotations are not evaluated at run time)
+    from typing_extensions import Self
 
 
 class _Interrupted:
