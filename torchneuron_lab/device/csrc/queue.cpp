@@ -709,16 +709,19 @@ std::string format_site(const SiteFrame& f) {
   const std::string& file = f.file;
   const int line = f.line;
   const std::string& name = f.name;
-  PyObject* mapper = g_site_mapper.load();
-  if (mapper != nullptr && Py_IsInitialized() && !_Py_IsFinalizing()) {
+  if (g_site_mapper.load() != nullptr && Py_IsInitialized() && !_Py_IsFinalizing()) {
     PyGILState_STATE g = PyGILState_Ensure();
+    // read and held under the GIL, which set_site_mapper holds to replace (and release) it
+    PyObject* mapper = g_site_mapper.load();
+    Py_XINCREF(mapper);
     std::string mapped;
-    PyObject* r = PyObject_CallFunction(mapper, "si", file.c_str(), line);
+    PyObject* r = mapper != nullptr ? PyObject_CallFunction(mapper, "si", file.c_str(), line) : nullptr;
     if (r != nullptr && PyUnicode_Check(r)) {
       const char* u = PyUnicode_AsUTF8(r);
       if (u != nullptr) mapped = u;
     }
     Py_XDECREF(r);
+    Py_XDECREF(mapper);
     clear_python_error_keeping_interrupt();  // a failing mapper leaves the plain site
     PyGILState_Release(g);
     if (!mapped.empty()) return mapped;
