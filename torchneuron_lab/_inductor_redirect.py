@@ -181,6 +181,13 @@ def register_dynamo_backend(dynamo: Any) -> None:
         registry.register_backend(compiler_fn=neuron, name="neuron")
 
 
+def _register_process_group_backend(_c10d: Any) -> None:
+    """torch.distributed's ``neuron`` backend (distributed/__init__.py), once c10d is imported."""
+    from .distributed import register_backend
+
+    register_backend()
+
+
 def install_import_hooks() -> None:
     """AOTInductor's refusal of neuron graphs, Dynamo's reset releasing launch stacks and the ``"neuron"``
     backend's registration, each installed when its module is imported (importing either costs seconds:
@@ -188,3 +195,4 @@ def install_import_hooks() -> None:
     after_import("torch._inductor", _refuse_aoti_on_neuron)
     after_import("torch._dynamo", release_stacks_at_dynamo_reset)
     after_import("torch._dynamo", register_dynamo_backend)
+    after_import("torch.distributed.distributed_c10d", _register_process_group_backend)

@@ -516,9 +516,11 @@ struct HostPlan {
 };
 
 void init_graph_bindings(py::module& m);  // graphs.cpp
+void init_collective_bindings(py::module& m);  // collectives.cpp
 
 void init_module(py::module& m) {
   init_graph_bindings(m);
+  init_collective_bindings(m);
   torch::installCapturedTracebackPython();
   install_hooks();
   install_redirect_cpu_allocator();

@@ -13,5 +13,6 @@
 #include "profiler.cpp"
 #include "bindings.cpp"
 #include "graphs.cpp"
+#include "collectives.cpp"
 #include "cuda_parity.cpp"
 #include "layouts.cpp"

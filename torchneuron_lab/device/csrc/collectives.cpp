@@ -1,0 +1,493 @@
+// torch.distributed collectives on neuron tensors: the `neuron` process-group backend (README.md,
+// "Collectives").
+//
+// As NCCL runs a collective on its own stream, each NeuronBackend has a communication stream per device: a
+// collective called on the host is enqueued there, after a device-side wait for the caller's current stream
+// (so it reads what was launched before it), and the host returns at once. The stream's worker runs the
+// collective on host aliases of the device memory (the device's memory is host memory: zero-copy) through
+// a Gloo process group over the same store, and blocks until the peers are done, as a NCCL kernel occupies
+// its stream. `Work.wait()` makes the caller's current stream wait for it (no host wait, as NCCL);
+// `barrier()` and a receive from any source wait on the host. Every collective of a process group goes
+// through the one communication stream of its device, so the ranks' Gloo calls are made in the order the
+// program made them (the order collectives must agree on across ranks, as with NCCL).
+#include "neuron.h"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/extension.h>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/StreamGuard.h>
+
+namespace tnl {
+namespace {
+
+using c10d::OpType;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+using HostPtr = c10::intrusive_ptr<c10d::Backend>;
+
+at::Tensor host_alias(const at::Tensor& t) {
+  if (!t.defined() || t.is_cpu()) return t;  // a CPU tensor of the group goes to Gloo as it is
+  if (t.numel() == 0) return at::empty(t.sizes(), t.options().device(c10::kCPU));
+  return at::from_blob(t.data_ptr(), t.sizes(), t.strides(), t.options().device(c10::kCPU));
+}
+std::vector<at::Tensor> host_aliases(const std::vector<at::Tensor>& ts) {
+  std::vector<at::Tensor> out;
+  out.reserve(ts.size());
+  for (const auto& t : ts) out.push_back(host_alias(t));
+  return out;
+}
+std::vector<std::vector<at::Tensor>> host_aliases(const std::vector<std::vector<at::Tensor>>& ts) {
+  std::vector<std::vector<at::Tensor>> out;
+  out.reserve(ts.size());
+  for (const auto& v : ts) out.push_back(host_aliases(v));
+  return out;
+}
+
+class NeuronWork : public c10d::Work {
+ public:
+  NeuronWork(int rank, OpType op, int device, int stream, uint64_t pos, std::vector<at::Tensor> outputs,
+             c10::intrusive_ptr<c10::ivalue::Future> future, std::shared_ptr<std::atomic<int>> source,
+             bool host_waits)
+      : c10d::Work(rank, op),
+        device_(device),
+        stream_(stream),
+        pos_(pos),
+        outputs_(std::move(outputs)),
+        future_(std::move(future)),
+        source_(std::move(source)),
+        host_waits_(host_waits || source_ != nullptr) {}
+
+  bool isCompleted() override { return stream_completed(device_, stream_) >= pos_; }
+  bool isSuccess() const override { return true; }  // a failure is the device's asynchronous error
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override {
+    const int r = source_ ? source_->load() : -1;
+    TORCH_CHECK(r >= 0, "sourceRank() is only available for a receive from any source that has completed");
+    return r;
+  }
+  // The caller's current stream waits for the collective (no host wait), as NCCL's wait().
+  void synchronize() override { block_current_stream(); }
+  bool wait(std::chrono::milliseconds /*timeout*/) override {
+    if (host_waits_) {  // a barrier, or a receive from any source (the host needs the sender's rank)
+      wait_position(device_, stream_, pos_, source_ ? "sync: recv (any source)" : "sync: barrier");
+      return true;
+    }
+    block_current_stream();
+    return true;
+  }
+  void blockCurrentStream() override { block_current_stream(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  void block_current_stream() {
+    const int cur = current_stream(device_);
+    if (cur != stream_) enqueue_stream_wait(device_, cur, device_, stream_, pos_);
+  }
+  int device_;
+  int stream_;
+  uint64_t pos_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::shared_ptr<std::atomic<int>> source_;
+  bool host_waits_;
+};
+
+class NeuronBackend : public c10d::Backend {
+ public:
+  NeuronBackend(HostPtr host, int rank, int size) : c10d::Backend(rank, size), host_(std::move(host)) {
+    comm_stream_.fill(-1);
+  }
+
+  const std::string getBackendName() const override { return "neuron"; }
+
+  WorkPtr broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
+    check_root(opts.rootRank, "broadcast");
+    auto h = host_aliases(tensors);
+    return launch("broadcast", OpType::BROADCAST, tensors, tensors,
+                  [h, opts](c10d::Backend& b) mutable { return b.broadcast(h, opts); });
+  }
+
+  WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    auto h = host_aliases(tensors);
+    c10d::AllreduceOptions o = opts;
+    const bool avg = is_avg(o.reduceOp);
+    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    const int n = getSize();
+    return launch("all_reduce", OpType::ALLREDUCE, tensors, tensors, [h, o, avg, n](c10d::Backend& b) mutable {
+      auto w = b.allreduce(h, o);
+      return avg ? then_average(w, h, n) : w;
+    });
+  }
+
+  WorkPtr allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                              const c10d::AllreduceCoalescedOptions& opts) override {
+    auto h = host_aliases(tensors);
+    c10d::AllreduceCoalescedOptions o = opts;
+    const bool avg = is_avg(o.reduceOp);
+    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    const int n = getSize();
+    return launch("all_reduce_coalesced", OpType::COALESCED, tensors, tensors,
+                  [h, o, avg, n](c10d::Backend& b) mutable {
+                    auto w = b.allreduce_coalesced(h, o);
+                    return avg ? then_average(w, h, n) : w;
+                  });
+  }
+
+  WorkPtr reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+    check_root(opts.rootRank, "reduce");
+    auto h = host_aliases(tensors);
+    c10d::ReduceOptions o = opts;
+    const bool avg = is_avg(o.reduceOp);
+    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    const int n = getSize();
+    const bool root = o.rootRank == getRank();
+    return launch("reduce", OpType::REDUCE, tensors, tensors, [h, o, avg, n, root](c10d::Backend& b) mutable {
+      auto w = b.reduce(h, o);
+      return avg && root ? then_average(w, h, n) : w;
+    });
+  }
+
+  WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                    const c10d::AllgatherOptions& opts) override {
+    auto ho = host_aliases(outputs);
+    auto hi = host_aliases(inputs);
+    return launch("all_gather", OpType::ALLGATHER, inputs, flatten(outputs),
+                  [ho, hi, opts](c10d::Backend& b) mutable { return b.allgather(ho, hi, opts); });
+  }
+
+  WorkPtr _allgather_base(at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) override {
+    TORCH_CHECK(output.numel() == input.numel() * getSize(), "output tensor size must be equal to world_size "
+                "times input tensor size (all_gather_into_tensor): got ", output.numel(), " and ",
+                input.numel(), " x ", getSize());
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(),
+                "output tensor must have the same type as input tensor (all_gather_into_tensor)");
+    at::Tensor ho = host_alias(output), hi = host_alias(input);
+    return launch("all_gather_into_tensor", OpType::_ALLGATHER_BASE, {input}, {output},
+                  [ho, hi, opts](c10d::Backend& b) mutable { return b._allgather_base(ho, hi, opts); });
+  }
+
+  WorkPtr allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                              const c10d::AllgatherOptions& opts) override {
+    auto ho = host_aliases(outputs);
+    auto hi = host_aliases(inputs);
+    return launch("all_gather_coalesced", OpType::ALLGATHER_COALESCED, inputs, flatten(outputs),
+                  [ho, hi, opts](c10d::Backend& b) mutable { return b.allgather_coalesced(ho, hi, opts); });
+  }
+
+  WorkPtr allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllgatherOptions& opts) override {
+    auto ho = host_aliases(outputs);
+    auto hi = host_aliases(inputs);
+    return launch("all_gather_into_tensor_coalesced", OpType::COALESCED, inputs, outputs,
+                  [ho, hi, opts](c10d::Backend& b) mutable {
+                    return b.allgather_into_tensor_coalesced(ho, hi, opts);
+                  });
+  }
+
+  WorkPtr gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+                 const c10d::GatherOptions& opts) override {
+    check_root(opts.rootRank, "gather");
+    auto ho = host_aliases(outputs);
+    auto hi = host_aliases(inputs);
+    return launch("gather", OpType::GATHER, inputs, flatten(outputs),
+                  [ho, hi, opts](c10d::Backend& b) mutable { return b.gather(ho, hi, opts); });
+  }
+
+  WorkPtr scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                  const c10d::ScatterOptions& opts) override {
+    check_root(opts.rootRank, "scatter");
+    auto ho = host_aliases(outputs);
+    auto hi = host_aliases(inputs);
+    return launch("scatter", OpType::SCATTER, flatten(inputs), outputs,
+                  [ho, hi, opts](c10d::Backend& b) mutable { return b.scatter(ho, hi, opts); });
+  }
+
+  WorkPtr reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+                         const c10d::ReduceScatterOptions& opts) override {
+    auto ho = host_aliases(outputs);
+    auto hi = host_aliases(inputs);
+    c10d::ReduceScatterOptions o = opts;
+    const bool avg = is_avg(o.reduceOp);
+    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    const int n = getSize();
+    return launch("reduce_scatter", OpType::REDUCE_SCATTER, flatten(inputs), outputs,
+                  [ho, hi, o, avg, n](c10d::Backend& b) mutable {
+                    auto w = b.reduce_scatter(ho, hi, o);
+                    return avg ? then_average(w, ho, n) : w;
+                  });
+  }
+
+  WorkPtr _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                               const c10d::ReduceScatterOptions& opts) override {
+    TORCH_CHECK(input.numel() == output.numel() * getSize(), "input tensor size must be equal to world_size "
+                "times output tensor size (reduce_scatter_tensor): got ", input.numel(), " and ",
+                output.numel(), " x ", getSize());
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(),
+                "input tensor must be the same type as the output tensor (reduce_scatter_tensor)");
+    at::Tensor ho = host_alias(output), hi = host_alias(input);
+    c10d::ReduceScatterOptions o = opts;
+    const bool avg = is_avg(o.reduceOp);
+    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    const int n = getSize();
+    return launch("reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, {input}, {output},
+                  [ho, hi, o, avg, n](c10d::Backend& b) mutable {
+                    auto w = b._reduce_scatter_base(ho, hi, o);
+                    return avg ? then_average(w, {ho}, n) : w;
+                  });
+  }
+
+  WorkPtr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::ReduceScatterOptions& opts) override {
+    auto ho = host_aliases(outputs);
+    auto hi = host_aliases(inputs);
+    c10d::ReduceScatterOptions o = opts;
+    const bool avg = is_avg(o.reduceOp);
+    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    const int n = getSize();
+    return launch("reduce_scatter_tensor_coalesced", OpType::COALESCED, inputs, outputs,
+                  [ho, hi, o, avg, n](c10d::Backend& b) mutable {
+                    auto w = b.reduce_scatter_tensor_coalesced(ho, hi, o);
+                    return avg ? then_average(w, ho, n) : w;
+                  });
+  }
+
+  WorkPtr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
+                        std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override {
+    at::Tensor ho = host_alias(output), hi = host_alias(input);
+    return launch("all_to_all_single", OpType::ALLTOALL_BASE, {input}, {output},
+                  [ho, hi, output_splits, input_splits, opts](c10d::Backend& b) mutable {
+                    return b.alltoall_base(ho, hi, output_splits, input_splits, opts);
+                  });
+  }
+
+  WorkPtr alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                   const c10d::AllToAllOptions& opts) override {
+    auto ho = host_aliases(outputs);
+    auto hi = host_aliases(inputs);
+    return launch("all_to_all", OpType::ALLTOALL, inputs, outputs,
+                  [ho, hi, opts](c10d::Backend& b) mutable { return b.alltoall(ho, hi, opts); });
+  }
+
+  WorkPtr send(std::vector<at::Tensor>& tensors, int dst, int tag) override {
+    check_peer(dst, "send");
+    auto h = host_aliases(tensors);
+    return launch("send", OpType::SEND, tensors, {},
+                  [h, dst, tag](c10d::Backend& b) mutable { return b.send(h, dst, tag); });
+  }
+
+  WorkPtr recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
+    check_peer(src, "recv");
+    auto h = host_aliases(tensors);
+    return launch("recv", OpType::RECV, {}, tensors,
+                  [h, src, tag](c10d::Backend& b) mutable { return b.recv(h, src, tag); });
+  }
+
+  WorkPtr recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
+    auto h = host_aliases(tensors);
+    auto source = std::make_shared<std::atomic<int>>(-1);
+    return launch(
+        "recv (any source)", OpType::RECVANYSOURCE, {}, tensors,
+        [h, tag, source](c10d::Backend& b) mutable {
+          auto w = b.recvAnysource(h, tag);
+          w->wait();
+          source->store(w->sourceRank());
+          return w;
+        },
+        source);
+  }
+
+  // The host waits, as NCCL's barrier: every rank's collectives launched before it have run.
+  WorkPtr barrier(const c10d::BarrierOptions& opts) override {
+    const int device = opts.device_ids.empty() ? current_device() : static_cast<int>(opts.device_ids.front());
+    check_device_index(device);
+    c10d::BarrierOptions o = opts;
+    o.device_ids.clear();
+    return launch_on(device, "barrier", OpType::BARRIER, {}, {},
+                     [o](c10d::Backend& b) mutable { return b.barrier(o); }, nullptr);
+  }
+
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
+    host_->monitoredBarrier(opts, wait_all_ranks);
+  }
+  void setSequenceNumberForGroup() override { host_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return host_->getSequenceNumberForGroup(); }
+  void setTimeout(std::chrono::milliseconds timeout) override { host_->setTimeout(timeout); }
+
+  // The communication stream of `device` (made at first use), for the timeline and tests.
+  int comm_stream(int device) {
+    check_device_index(device);
+    std::lock_guard<std::mutex> lock(mu_);
+    TORCH_CHECK(device < static_cast<int>(comm_stream_.size()), "neuron:", device, ": too many devices");
+    int& s = comm_stream_[device];
+    if (s < 0) s = new_stream(device, 0);
+    return s;
+  }
+
+ private:
+  using Body = std::function<WorkPtr(c10d::Backend&)>;
+
+  static bool is_avg(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::AVG; }
+
+  // NCCL's AVG (Gloo has none): the sum, then each output divided by the group's size, on the stream.
+  static WorkPtr then_average(const WorkPtr& w, const std::vector<at::Tensor>& outs, int n) {
+    w->wait();
+    for (const auto& t : outs) {
+      at::Tensor x = t;
+      if (at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) {
+        x.div_(n, "trunc");
+      } else {
+        x.div_(n);
+      }
+    }
+    return w;
+  }
+
+  static std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& vs) {
+    std::vector<at::Tensor> out;
+    for (const auto& v : vs) out.insert(out.end(), v.begin(), v.end());
+    return out;
+  }
+
+  void check_root(int64_t root, const char* op) const {
+    TORCH_CHECK_VALUE(root >= 0 && root < getSize(), op, ": invalid root rank ", root, " for a group of ",
+                      getSize());
+  }
+  void check_peer(int peer, const char* op) const {
+    TORCH_CHECK_VALUE(peer >= 0 && peer < getSize(), op, ": invalid peer rank ", peer, " for a group of ",
+                      getSize());
+  }
+
+  // Every tensor of a collective: on one neuron device, dense and non-overlapping (NCCL's rules), or all on
+  // the CPU (-1: Gloo runs them as it would in a "cpu:gloo" group).
+  static int device_of(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b, const char* op) {
+    int device = -1;
+    bool cpu = false;
+    for (const auto* v : {&a, &b}) {
+      for (const auto& t : *v) {
+        TORCH_CHECK(t.defined(), op, ": undefined tensor");
+        if (t.is_cpu()) {
+          cpu = true;
+          continue;
+        }
+        TORCH_CHECK(t.device().type() == kNeuron, op, ": the neuron backend takes neuron and CPU tensors, got a ",
+                    "tensor on ", t.device());
+        TORCH_CHECK(t.layout() == c10::kStrided, op, ": tensors must be dense for the neuron backend, got ",
+                    t.layout());
+        TORCH_CHECK(t.is_non_overlapping_and_dense(), op, ": tensors must be non-overlapping and dense");
+        const int d = t.device().index();
+        TORCH_CHECK(device < 0 || device == d, op, ": tensors must all be on the same neuron device (neuron:",
+                    device, " and neuron:", d, ")");
+        device = d;
+      }
+    }
+    TORCH_CHECK(!(cpu && device >= 0), op, ": tensors must all be on one device (neuron:", device,
+                " and cpu were given)");
+    return device;
+  }
+
+  WorkPtr launch(const char* name, OpType op, const std::vector<at::Tensor>& inputs,
+                 const std::vector<at::Tensor>& outputs, Body body,
+                 std::shared_ptr<std::atomic<int>> source = nullptr) {
+    const int device = device_of(inputs, outputs, name);
+    if (device < 0 && !(inputs.empty() && outputs.empty())) return body(*host_);  // CPU tensors: Gloo's work
+    return launch_on(device < 0 ? current_device() : device, name, op, inputs, outputs, std::move(body),
+                     std::move(source));
+  }
+
+  WorkPtr launch_on(int device, const char* name, OpType op, const std::vector<at::Tensor>& inputs,
+                    const std::vector<at::Tensor>& outputs, Body body, std::shared_ptr<std::atomic<int>> source) {
+    const int cs = comm_stream(device);
+    const int cur = current_stream(device);
+    // The collective reads what the caller's stream launched before it.
+    enqueue_stream_wait(device, cs, device, cur, stream_enqueued(device, cur));
+    // A block the host frees after this call is reused only once the collective has run (stream-ordered).
+    int64_t read = 0, written = 0;
+    for (const auto& t : inputs) {
+      if (t.numel() > 0) record_block_stream(t.storage().data_ptr().get(), device, cs);
+      read += static_cast<int64_t>(t.numel()) * t.element_size();
+    }
+    for (const auto& t : outputs) {
+      if (t.numel() > 0) record_block_stream(t.storage().data_ptr().get(), device, cs);
+      written += static_cast<int64_t>(t.numel()) * t.element_size();
+    }
+    static std::mutex names_mu;
+    int32_t name_id;
+    {
+      std::lock_guard<std::mutex> lock(names_mu);
+      name_id = intern_string(std::string("collective: ") + name);
+    }
+    Work w;
+    w.device = device;
+    w.stream = cs;
+    w.launch = begin_launch(name_id);
+    w.run = [host = host_, body = std::move(body), device, cs, name_id, read, written](const Launch& l) {
+      const int64_t t0 = now_ns();
+      {
+        RedirectGuard host_memory(-1);  // Gloo's scratch memory is the emulator's, not the device's
+        WorkPtr gw = body(*host);
+        gw->wait();
+      }
+      const int64_t t1 = now_ns();
+      if (recording()) {
+        EventRecord e;
+        e.kind = EventKind::Kernel;
+        e.engine = Engine::Dma;
+        e.device = static_cast<int8_t>(device);
+        e.name_id = name_id;
+        e.bytes_read = read;
+        e.bytes_written = written;
+        push_launched_event(e, t0, t1, cs, l);
+      }
+    };
+    uint64_t pos;
+    {
+      // A full queue makes the host wait: without the GIL (torch's bindings have released it already; the
+      // reducer of DistributedDataParallel calls from autograd's threads, which do not hold it).
+      PyThreadState* saved = (Py_IsInitialized() && PyGILState_Check()) ? PyEval_SaveThread() : nullptr;
+      try {
+        pos = enqueue(std::move(w));
+      } catch (...) {
+        if (saved != nullptr) PyEval_RestoreThread(saved);
+        throw;
+      }
+      if (saved != nullptr) PyEval_RestoreThread(saved);
+    }
+    // A future completed on the communication stream: waiting on it (or a callback of it) makes the
+    // waiter's current stream wait for the collective, as a CUDA future does with NCCL.
+    auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
+                                                           std::vector<c10::Device>{c10::Device(kNeuron, device)});
+    {
+      c10::StreamGuard on_comm(c10::Stream(c10::Stream::UNSAFE, c10::Device(kNeuron, device), cs));
+      future->markCompleted(c10::IValue(outputs));
+    }
+    return c10::make_intrusive<NeuronWork>(getRank(), op, device, cs, pos, outputs, future, std::move(source),
+                                           op == OpType::BARRIER);
+  }
+
+  HostPtr host_;
+  std::mutex mu_;
+  std::array<int, 64> comm_stream_{};
+};
+
+}  // namespace
+
+void init_collective_bindings(py::module& m) {
+  m.def(
+      "make_neuron_backend",
+      [](const HostPtr& host, int rank, int size) -> HostPtr {
+        TORCH_CHECK(host, "make_neuron_backend: no host process group");
+        return c10::make_intrusive<NeuronBackend>(host, rank, size);
+      },
+      py::arg("host"), py::arg("rank"), py::arg("size"));
+  m.def(
+      "collective_stream",
+      [](const HostPtr& backend, int device) {
+        auto* nb = dynamic_cast<NeuronBackend*>(backend.get());
+        TORCH_CHECK(nb != nullptr, "collective_stream: not a neuron backend");
+        return nb->comm_stream(device);
+      },
+      py::arg("backend"), py::arg("device"));
+}
+
+}  // namespace tnl
