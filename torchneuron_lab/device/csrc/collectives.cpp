@@ -111,12 +111,10 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     auto h = host_aliases(tensors);
     c10d::AllreduceOptions o = opts;
-    const bool avg = is_avg(o.reduceOp);
-    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    const int n = getSize();
-    return launch("all_reduce", OpType::ALLREDUCE, tensors, tensors, [h, o, avg, n](c10d::Backend& b) mutable {
-      auto w = b.allreduce(h, o);
-      return avg ? then_average(w, h, n) : w;
+    auto factor = premul_factor(o.reduceOp);  // in place: the tensors are scaled, then summed
+    return launch("all_reduce", OpType::ALLREDUCE, tensors, tensors, [h, o, factor](c10d::Backend& b) mutable {
+      scale_in_place(h, factor);
+      return b.allreduce(h, o);
     });
   }
 
@@ -124,28 +122,19 @@ class NeuronBackend : public c10d::Backend {
                               const c10d::AllreduceCoalescedOptions& opts) override {
     auto h = host_aliases(tensors);
     c10d::AllreduceCoalescedOptions o = opts;
-    const bool avg = is_avg(o.reduceOp);
-    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    const int n = getSize();
+    auto factor = premul_factor(o.reduceOp);
     return launch("all_reduce_coalesced", OpType::COALESCED, tensors, tensors,
-                  [h, o, avg, n](c10d::Backend& b) mutable {
-                    auto w = b.allreduce_coalesced(h, o);
-                    return avg ? then_average(w, h, n) : w;
+                  [h, o, factor](c10d::Backend& b) mutable {
+                    scale_in_place(h, factor);
+                    return b.allreduce_coalesced(h, o);
                   });
   }
 
   WorkPtr reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
     check_root(opts.rootRank, "reduce");
     auto h = host_aliases(tensors);
-    c10d::ReduceOptions o = opts;
-    const bool avg = is_avg(o.reduceOp);
-    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    const int n = getSize();
-    const bool root = o.rootRank == getRank();
-    return launch("reduce", OpType::REDUCE, tensors, tensors, [h, o, avg, n, root](c10d::Backend& b) mutable {
-      auto w = b.reduce(h, o);
-      return avg && root ? then_average(w, h, n) : w;
-    });
+    return launch("reduce", OpType::REDUCE, tensors, tensors,
+                  [h, opts](c10d::Backend& b) mutable { return b.reduce(h, opts); });
   }
 
   WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -208,13 +197,11 @@ class NeuronBackend : public c10d::Backend {
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     c10d::ReduceScatterOptions o = opts;
-    const bool avg = is_avg(o.reduceOp);
-    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    const int n = getSize();
+    auto factor = premul_factor(o.reduceOp);  // the inputs' scaled copies are summed (the inputs are kept)
     return launch("reduce_scatter", OpType::REDUCE_SCATTER, flatten(inputs), outputs,
-                  [ho, hi, o, avg, n](c10d::Backend& b) mutable {
-                    auto w = b.reduce_scatter(ho, hi, o);
-                    return avg ? then_average(w, ho, n) : w;
+                  [ho, hi, o, factor](c10d::Backend& b) mutable {
+                    for (auto& v : hi) v = scaled(v, factor);
+                    return b.reduce_scatter(ho, hi, o);
                   });
   }
 
@@ -227,13 +214,11 @@ class NeuronBackend : public c10d::Backend {
                 "input tensor must be the same type as the output tensor (reduce_scatter_tensor)");
     at::Tensor ho = host_alias(output), hi = host_alias(input);
     c10d::ReduceScatterOptions o = opts;
-    const bool avg = is_avg(o.reduceOp);
-    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    const int n = getSize();
+    auto factor = premul_factor(o.reduceOp);
     return launch("reduce_scatter_tensor", OpType::_REDUCE_SCATTER_BASE, {input}, {output},
-                  [ho, hi, o, avg, n](c10d::Backend& b) mutable {
-                    auto w = b._reduce_scatter_base(ho, hi, o);
-                    return avg ? then_average(w, {ho}, n) : w;
+                  [ho, hi, o, factor](c10d::Backend& b) mutable {
+                    std::vector<at::Tensor> in = scaled({hi}, factor);
+                    return b._reduce_scatter_base(ho, in[0], o);
                   });
   }
 
@@ -242,13 +227,11 @@ class NeuronBackend : public c10d::Backend {
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     c10d::ReduceScatterOptions o = opts;
-    const bool avg = is_avg(o.reduceOp);
-    if (avg) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
-    const int n = getSize();
+    auto factor = premul_factor(o.reduceOp);
     return launch("reduce_scatter_tensor_coalesced", OpType::COALESCED, inputs, outputs,
-                  [ho, hi, o, avg, n](c10d::Backend& b) mutable {
-                    auto w = b.reduce_scatter_tensor_coalesced(ho, hi, o);
-                    return avg ? then_average(w, ho, n) : w;
+                  [ho, hi, o, factor](c10d::Backend& b) mutable {
+                    std::vector<at::Tensor> in = scaled(hi, factor);
+                    return b.reduce_scatter_tensor_coalesced(ho, in, o);
                   });
   }
 
@@ -327,20 +310,26 @@ class NeuronBackend : public c10d::Backend {
  private:
   using Body = std::function<WorkPtr(c10d::Backend&)>;
 
-  static bool is_avg(const c10d::ReduceOp& op) { return op.op_ == c10d::ReduceOp::AVG; }
-
-  // NCCL's AVG (Gloo has none): the sum, then each output divided by the group's size, on the stream.
-  static WorkPtr then_average(const WorkPtr& w, const std::vector<at::Tensor>& outs, int n) {
-    w->wait();
-    for (const auto& t : outs) {
-      at::Tensor x = t;
-      if (at::isIntegralType(x.scalar_type(), /*includeBool=*/true)) {
-        x.div_(n, "trunc");
-      } else {
-        x.div_(n);
-      }
-    }
-    return w;
+  // NCCL's PREMUL_SUM (Gloo has none): each rank's input scaled by the factor, then summed. Returns the
+  // factor (a double or a 0-dim tensor) and makes `op` a SUM; nullopt for any other op (Gloo's own: AVG too).
+  static std::optional<c10::Scalar> premul_factor(c10d::ReduceOp& op) {
+    if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
+    auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get());
+    TORCH_CHECK(sup != nullptr, "ReduceOp.PREMUL_SUM without a factor");
+    c10::Scalar f = sup->tensor_factor.defined() ? sup->tensor_factor.cpu().item() : c10::Scalar(sup->double_factor);
+    op = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    return f;
+  }
+  static void scale_in_place(std::vector<at::Tensor>& ts, const std::optional<c10::Scalar>& f) {
+    if (!f) return;
+    for (auto& t : ts) t.mul_(*f);
+  }
+  static std::vector<at::Tensor> scaled(const std::vector<at::Tensor>& ts, const std::optional<c10::Scalar>& f) {
+    if (!f) return ts;
+    std::vector<at::Tensor> out;
+    out.reserve(ts.size());
+    for (const auto& t : ts) out.push_back(t.mul(*f));
+    return out;
   }
 
   static std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& vs) {
