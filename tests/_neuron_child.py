@@ -100,3 +100,52 @@ def run_child(
 ) -> dict[str, Any]:
     """``run_child_process`` without the stderr: the child's JSON facts."""
     return run_child_process(code, env, timeout, outcomes=outcomes)[0]
+
+
+def run_ranks(
+    code: str, world_size: int = 2, timeout: float = 240, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Run ``code`` (dedented) as the ``world_size`` ranks of a torch.distributed job on this machine.
+
+    Each rank is a fresh interpreter in its own process group, with ``RANK``, ``WORLD_SIZE`` and
+    ``INIT_FILE`` (a ``file://`` rendezvous in a new temporary directory) set. Every rank must exit 0 within
+    ``timeout`` seconds (one deadline for all) and print a JSON line last; returns those lines parsed, by
+    rank. A hang or a failure kills every rank's process group (no orphans) and raises AssertionError with
+    each rank's output.
+    """
+    import tempfile
+    import time
+
+    script = textwrap.dedent(code)
+    with tempfile.TemporaryDirectory(prefix="tnl-ranks-") as tmp:
+        path = Path(tmp) / "rank.py"
+        path.write_text(script)
+        procs = []
+        for rank in range(world_size):
+            rank_env = {"RANK": str(rank), "WORLD_SIZE": str(world_size),
+                        "INIT_FILE": str(Path(tmp) / "rendezvous"), **(env or {})}
+            procs.append(subprocess.Popen(
+                [sys.executable, str(path)], cwd=ROOT, env=child_env(rank_env), stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE, text=True, start_new_session=True))
+        deadline = time.monotonic() + timeout
+        outputs: list[tuple[int, str, str]] = []
+        hung = False
+        for p in procs:
+            try:
+                out, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung = True
+                _kill_group(p.pid)
+                out, err = p.communicate()
+            outputs.append((p.returncode, out, err))
+        for p in procs:
+            _kill_group(p.pid)
+        report = "\n".join(f"--- rank {r} (rc={rc})\n{out}\n{err[-4000:]}" for r, (rc, out, err) in enumerate(outputs))
+        assert not hung, f"a rank hung (no exit within {timeout} s):\n{report}"
+        assert all(rc == 0 for rc, _, _ in outputs), f"a rank failed:\n{report}"
+        facts = []
+        for rc, out, err in outputs:
+            lines = [line for line in out.splitlines() if line.strip()]
+            assert lines, f"a rank printed nothing:\n{report}"
+            facts.append(json.loads(lines[-1]))
+        return facts

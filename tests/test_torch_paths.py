@@ -5,6 +5,7 @@ review, ninth session)."""
 
 from __future__ import annotations
 
+import copy
 import re
 import sys
 from typing import Any
@@ -828,3 +829,34 @@ def test_dynamo_reset_releases_launch_stacks_in_a_program_that_never_compiled_fo
                               "compiler_imported": "torchneuron_lab.compiler" in sys.modules}}))
         """)
         assert facts == {"released": [1, 1], "compiler_imported": False}, first
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.nn.Conv2d(3, 4, 3),
+        lambda: torch.nn.Conv1d(3, 4, 3, stride=2),
+        lambda: torch.nn.ConvTranspose2d(3, 4, 3, groups=1),
+        lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU()),
+    ],
+    ids=["conv2d", "conv1d", "conv_transpose2d", "conv_bn_relu"],
+)
+def test_jit_trace_of_convolutions_on_neuron_records_them_as_on_cpu(make, tmp_path):
+    # aten::convolution's neuron kernel ran the CPU kernel on aliases: the tracer, which records the
+    # aten::_convolution the composite kernel calls (as on CUDA), saw none, and the trace failed ("Cannot
+    # insert a Tensor that requires grad as a constant") or lost the convolution
+    torch.manual_seed(0)
+    cpu_model = make().eval()
+    model = copy.deepcopy(cpu_model).to("neuron")
+    shape = (2, 3, 9) if isinstance(cpu_model, torch.nn.Conv1d) else (2, 3, 8, 8)
+    x = torch.randn(*shape)
+    traced_cpu = torch.jit.trace(cpu_model, (x,))
+    traced = torch.jit.trace(model, (x.to("neuron"),))
+    kinds = [n.kind() for n in traced.inlined_graph.nodes() if n.kind().startswith("aten::")]
+    assert kinds == [n.kind() for n in traced_cpu.inlined_graph.nodes() if n.kind().startswith("aten::")]
+    assert "aten::_convolution" in kinds
+    x2 = torch.randn(*shape)  # another input: the trace computes, it did not keep a constant
+    assert torch.equal(traced(x2.to("neuron")).cpu(), traced_cpu(x2))
+    torch.jit.save(traced, tmp_path / "m.pt")
+    loaded = torch.jit.load(tmp_path / "m.pt", map_location="neuron")
+    assert torch.equal(loaded(x2.to("neuron")).cpu(), traced_cpu(x2))

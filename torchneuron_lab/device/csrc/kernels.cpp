@@ -36,6 +36,7 @@
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/_to_copy_native.h>
 #include <ATen/ops/alias_native.h>
+#include <ATen/ops/convolution_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
@@ -43,6 +44,7 @@
 #include <ATen/ops/view_native.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/SmallVector.h>
+#include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/library.h>
 
 #include <Python.h>
@@ -3024,6 +3026,22 @@ at::Tensor flatten_indices_neuron(const at::Tensor& indices, at::IntArrayRef siz
   return (indices.to(at::kLong) * coeffs).sum(0);
 }
 
+// aten::convolution. Under torch.jit.trace, as ATen's composite kernel does on CUDA: a call of
+// aten::_convolution through the dispatcher, which the tracer records (it records no aten::convolution node),
+// so a traced convolution is part of the graph (else its output had no value in the trace: "Cannot insert a
+// Tensor that requires grad as a constant"). Otherwise the CPU kernel on the device's memory, as every op.
+void convolution_kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  if (!torch::jit::tracer::isTracing()) {
+    neuron_fallback(op, ks, stack);
+    return;
+  }
+  auto args = torch::jit::pop(*stack, 9);
+  at::Tensor out = at::native::convolution(args[0].toTensor(), args[1].toTensor(), args[2].toOptional<at::Tensor>(),
+                                           args[3].toIntVector(), args[4].toIntVector(), args[5].toIntVector(),
+                                           args[6].toBool(), args[7].toIntVector(), args[8].toInt());
+  torch::jit::push(*stack, std::move(out));
+}
+
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("mode.values", mode_values);
   m.impl("kaiser_window", kaiser_plain);
@@ -3063,7 +3081,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("div_.Tensor", torch::CppFunction::makeFromBoxedFunction<&fast_or_upcast>());
   m.impl("from_file", torch::CppFunction::makeFromBoxedFunction<&from_file_kernel>());
   // CompositeExplicitAutograd kernels that pick a backend by device type: run them on the CPU side.
-  for (const char* name : {"convolution", "_convolution", "convolution_backward", "convolution_overrideable",
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&convolution_kernel>());
+  for (const char* name : {"_convolution", "convolution_backward", "convolution_overrideable",
                            "convolution_backward_overrideable"}) {
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&neuron_fallback>());
   }

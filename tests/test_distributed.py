@@ -1,0 +1,284 @@
+"""torch.distributed on neuron: the ``neuron`` process-group backend (torchneuron_lab/distributed).
+
+Every test runs real processes on this machine (a ``file://`` rendezvous, Gloo over 127.0.0.1), each rank a
+fresh interpreter with one deadline for all (tests/_neuron_child.py, ``run_ranks``): a hang or a crash fails the
+test and leaves no process behind. Results are compared with the same program on CPU tensors in a Gloo group,
+which is the transport the backend uses: equal bit for bit.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from _neuron_child import run_child, run_ranks
+
+COLLECTIVES = """
+import json, os, warnings
+warnings.simplefilter("ignore")
+import torch, torchneuron_lab  # noqa: F401
+import torch.distributed as dist
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dev = os.environ["DEV"]
+dist.init_process_group("neuron" if dev == "neuron" else "gloo", init_method="file://" + os.environ["INIT_FILE"],
+                        rank=rank, world_size=world)
+g = torch.Generator().manual_seed(rank)
+def data(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=g).to(dtype).to(dev)
+out = {}
+def keep(name, *ts):
+    out[name] = [t.cpu().tolist() for t in ts]
+    out[name + " devices"] = sorted({t.device.type for t in ts})
+
+for op in ("SUM", "MAX", "MIN", "PRODUCT", "AVG"):
+    x = data(33); dist.all_reduce(x, op=getattr(dist.ReduceOp, op)); keep("all_reduce " + op, x)
+x = data(7, dtype=torch.int64); dist.all_reduce(x); keep("all_reduce int64", x)
+x = data(5, 3).t(); x = x.contiguous(); dist.all_reduce(x); keep("all_reduce 2-D", x)
+x = data(9); dist.broadcast(x, src=1); keep("broadcast", x)
+x = data(9); dist.reduce(x, dst=0); keep("reduce", x)
+outs = [torch.empty(4, device=dev) for _ in range(world)]; dist.all_gather(outs, data(4)); keep("all_gather", *outs)
+o = torch.empty(world * 6, device=dev); dist.all_gather_into_tensor(o, data(6)); keep("all_gather_into_tensor", o)
+for op in ("SUM", "AVG"):
+    o = torch.empty(5, device=dev); dist.reduce_scatter_tensor(o, data(5 * world), op=getattr(dist.ReduceOp, op))
+    keep("reduce_scatter_tensor " + op, o)
+o = torch.empty(3, device=dev); dist.reduce_scatter(o, [data(3) for _ in range(world)]); keep("reduce_scatter", o)
+gl = [torch.empty(2, device=dev) for _ in range(world)] if rank == 0 else None
+dist.gather(data(2), gl, dst=0); keep("gather", *(gl or []))
+o = torch.empty(3, device=dev); dist.scatter(o, [data(3) for _ in range(world)] if rank == 0 else None, src=0)
+keep("scatter", o)
+o = torch.empty(2 * world, device=dev); dist.all_to_all_single(o, data(2 * world)); keep("all_to_all_single", o)
+if rank == 0:
+    dist.send(data(4), dst=1); r = torch.empty(4, device=dev); dist.recv(r, src=1)
+else:
+    r = torch.empty(4, device=dev); dist.recv(r, src=0); dist.send(data(4), dst=0)
+keep("send/recv", r)
+x = data(6); w = dist.all_reduce(x, async_op=True); w.wait(); keep("async all_reduce", x)
+fut_value = dist.all_reduce(data(3), async_op=True).get_future().wait()[0]; keep("future value", fut_value)
+dist.barrier()
+objs = [None] * world; dist.all_gather_object(objs, {"rank": rank}); out["all_gather_object"] = objs
+c = torch.full((3,), float(rank + 1)); dist.all_reduce(c); out["cpu tensor"] = c.tolist()
+if dev == "neuron":  # NCCL's PREMUL_SUM (Gloo refuses it): each input scaled, then summed
+    a = data(8); expect = a.cpu() * 0.25
+    dist.all_reduce(a, op=dist._make_nccl_premul_sum(0.25)); out["premul_sum"] = a.cpu().tolist()
+    e = torch.tensor(expect.tolist()); dist.all_reduce(e); out["premul_sum expected"] = e.tolist()
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(600)
+def test_every_collective_on_neuron_tensors_equals_gloo_on_cpu_tensors():
+    neuron = run_ranks(COLLECTIVES, env={"DEV": "neuron"})
+    cpu = run_ranks(COLLECTIVES, env={"DEV": "cpu"})
+    for rank in range(2):
+        n, c = neuron[rank], cpu[rank]
+        assert n.pop("premul_sum") == n.pop("premul_sum expected")
+        names = [k for k in c if not k.endswith(" devices")]
+        assert len(names) == 22
+        for k in names:
+            assert n[k] == c[k], (rank, k)
+            if k + " devices" in c:
+                assert n[k + " devices"] == (["neuron"] if c[k] else []), k
+    # the data moved: sums are the two ranks' values, the broadcast is rank 1's, the objects both ranks'
+    assert neuron[0]["broadcast"] == neuron[1]["broadcast"]
+    assert neuron[0]["all_reduce SUM"] == neuron[1]["all_reduce SUM"]
+    assert neuron[0]["all_gather_object"] == [{"rank": 0}, {"rank": 1}]
+    assert neuron[0]["cpu tensor"] == [3.0, 3.0, 3.0]
+    assert neuron[0]["send/recv"] != neuron[1]["send/recv"]
+
+
+TRAINING = """
+import json, os, warnings
+warnings.simplefilter("ignore")
+import torch, torchneuron_lab  # noqa: F401
+import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dev, kind = os.environ["DEV"], os.environ["KIND"]
+dist.init_process_group("neuron" if dev == "neuron" else "gloo", init_method="file://" + os.environ["INIT_FILE"],
+                        rank=rank, world_size=world)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.LayerNorm(64),
+                            torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+if kind == "ddp":
+    model = model.to(dev)
+    wrapped = DDP(model, bucket_cap_mb=0.004)  # several buckets: all-reduces launched during backward
+else:
+    mesh = init_device_mesh(dev, (world,))
+    for m in model:
+        if isinstance(m, torch.nn.Linear):
+            fully_shard(m, mesh=mesh)
+    wrapped = fully_shard(model, mesh=mesh)
+opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2)
+g = torch.Generator().manual_seed(100 + rank)
+losses = []
+for step in range(3):
+    x, y = torch.randn(8, 16, generator=g).to(dev), torch.randn(8, 4, generator=g).to(dev)
+    loss = torch.nn.functional.mse_loss(wrapped(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    losses.append(loss.item())
+params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+out = {"losses": losses, "params": [p.detach().cpu().flatten().tolist() for p in params],
+       "devices": sorted({p.device.type for p in params})}
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("kind", ["ddp", "fsdp2"])
+def test_ddp_and_fsdp2_training_on_neuron_equal_cpu_bit_for_bit(kind):
+    neuron = run_ranks(TRAINING, env={"DEV": "neuron", "KIND": kind}, timeout=400)
+    cpu = run_ranks(TRAINING, env={"DEV": "cpu", "KIND": kind}, timeout=400)
+    for rank in range(2):
+        assert neuron[rank]["devices"] == ["neuron"]
+        assert neuron[rank]["losses"] == cpu[rank]["losses"]
+        assert neuron[rank]["params"] == cpu[rank]["params"]
+    assert neuron[0]["params"] == neuron[1]["params"]  # the replicas agree
+    assert neuron[0]["losses"] != neuron[1]["losses"]  # each rank trained on its own data
+
+
+ASYNC = """
+import json, os, time, warnings
+warnings.simplefilter("ignore")
+import torch, torchneuron_lab  # noqa: F401
+import torch.distributed as dist
+from torchneuron_lab.device import recorder
+from torchneuron_lab.distributed import collective_stream
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group(init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=world)
+x = torch.ones(1024, device="neuron")
+dist.all_reduce(x)  # connections made
+x.cpu()
+dist.barrier()
+out = {}
+if rank == 1:
+    time.sleep(0.8)  # rank 0's all-reduce waits for this one on its stream, not on its host
+recorder.start(10000, with_stack=True)
+t0 = time.perf_counter()
+dist.all_reduce(x)  # LAUNCH LINE
+t1 = time.perf_counter()
+y = x * 2  # ordered after the collective on the caller's stream
+got = y.cpu()
+t2 = time.perf_counter()
+recorder.stop()
+events = recorder.read().events
+coll = [e for e in events if e.name == "collective: all_reduce"]
+out["launch_s"], out["wait_s"] = t1 - t0, t2 - t1
+out["result"] = sorted(set(got.tolist()))
+out["collectives"] = [(e.engine, e.stream, (e.end_ns - e.start_ns) / 1e9, e.bytes_read) for e in coll]
+out["comm_stream"] = collective_stream().stream_id
+out["default_stream"] = torch.neuron.current_stream().stream_id
+out["mul_after"] = [e.start_ns >= coll[0].end_ns for e in events if e.name.startswith("aten::mul")]
+out["syncs"] = [(e.name, (e.end_ns - e.start_ns) / 1e9) for e in events if e.kind == "sync"]
+out["launch_line"] = [f.line for f in coll[0].stack if f.filename.endswith("rank.py")][-1:]
+out["backend"] = str(dist.get_backend_config())
+dist.destroy_process_group()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_collective_is_queued_on_the_communication_stream_and_the_host_does_not_wait():
+    r0, r1 = run_ranks(ASYNC)
+    assert r0["backend"] == "neuron:neuron"  # the accelerator's default backend, as NCCL is CUDA's
+    assert r0["result"] == r1["result"] == [8.0]  # ones, all-reduced twice (2, then 4), times 2
+    # rank 0's host returned at once; it waited at .cpu() for rank 1 (0.8 s late)
+    assert r0["launch_s"] < 0.3 <= r0["wait_s"], r0
+    [(engine, stream, seconds, nbytes)] = r0["collectives"]
+    assert (engine, stream, nbytes) == ("dma", r0["comm_stream"], 4096)
+    assert stream != r0["default_stream"]
+    assert seconds >= 0.3  # on the device's timeline the collective spans the wait for the late rank
+    assert r0["mul_after"] == [True]
+    assert any(name.startswith("sync") and s >= 0.3 for name, s in r0["syncs"]), r0["syncs"]
+    launch_line = ASYNC.splitlines().index("dist.all_reduce(x)  # LAUNCH LINE") + 1
+    assert r0["launch_line"] == [launch_line]
+
+
+FAILURE = """
+import datetime, json, os, time, warnings
+warnings.simplefilter("ignore")
+import torch, torchneuron_lab  # noqa: F401
+import torch.distributed as dist
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("neuron", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=3))
+x = torch.ones(16, device="neuron")
+dist.all_reduce(x); x.cpu()  # connected
+if rank == 1:
+    if os.environ["HOW"] == "exit":
+        print(json.dumps({}), flush=True)
+        os._exit(0)  # the peer is gone
+    time.sleep(12)  # the peer never joins: the group's timeout bounds the wait
+    print(json.dumps({}), flush=True)
+    os._exit(0)
+t0 = time.perf_counter()
+dist.all_reduce(x)  # FAILING LAUNCH
+launch = time.perf_counter() - t0
+try:
+    x.cpu()
+    err = None
+except RuntimeError as e:
+    err = str(e)
+out = {"launch_s": launch, "error": err, "waited_s": time.perf_counter() - t0,
+       "after": (torch.arange(4., device="neuron") * 2).sum().item()}
+print(json.dumps(out), flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["exit", "absent"])
+def test_a_failed_collective_is_raised_at_the_next_sync_with_its_launch_line(how):
+    r0 = run_ranks(FAILURE, env={"HOW": how}, timeout=120)[0]
+    line = FAILURE.splitlines().index("dist.all_reduce(x)  # FAILING LAUNCH") + 1
+    assert r0["launch_s"] < 0.5
+    assert r0["error"] is not None
+    assert "asynchronous error in collective: all_reduce launched at" in r0["error"]
+    assert f"rank.py:{line}" in r0["error"]
+    assert r0["waited_s"] < 60  # bounded by the group's timeout (3 s), not the default 30 min
+    assert r0["after"] == 12.0  # the device stays usable
+
+
+def test_collective_arguments_are_checked_at_the_call():
+    facts = run_child(
+        """
+        import os, tempfile
+        import torch.distributed as dist
+        f = os.path.join(tempfile.mkdtemp(), "rdv")
+        dist.init_process_group("neuron", init_method="file://" + f, rank=0, world_size=1)
+        a, b = torch.ones(2, device="neuron:0"), torch.ones(2, device="neuron:1")
+        facts = {
+            "two devices": outcome(lambda: dist.all_gather([torch.empty(2, device="neuron:0")], b)),
+            "cpu and neuron": outcome(lambda: dist.all_gather([torch.empty(2)], a)),
+            "into_tensor size": outcome(lambda: dist.all_gather_into_tensor(torch.empty(3, device="neuron"), a)),
+            "scatter size": outcome(lambda: dist.reduce_scatter_tensor(torch.empty(3, device="neuron"), a)),
+            "overlapping": outcome(lambda: dist.all_reduce(torch.ones(1, device="neuron").expand(4))),
+            "bad root": outcome(lambda: dist.broadcast(a, src=3)),
+            "world of one": outcome(lambda: (dist.all_reduce(a), a)[1]),
+            "barrier": outcome(lambda: dist.barrier()),
+        }
+        dist.destroy_process_group()
+        emit(facts)
+        """,
+        outcomes=True,
+    )
+    assert facts["two devices"]["error"] == "RuntimeError"
+    assert "same neuron device (neuron:1 and neuron:0)" in facts["two devices"]["message"]
+    assert facts["cpu and neuron"]["error"] == "RuntimeError"
+    assert "one device" in facts["cpu and neuron"]["message"]
+    assert facts["into_tensor size"]["error"] == "RuntimeError"
+    assert "world_size times input tensor size" in facts["into_tensor size"]["message"]
+    assert facts["scatter size"]["error"] == "RuntimeError"
+    assert "non-overlapping and dense" in facts["overlapping"]["message"]
+    assert facts["bad root"]["error"] in ("ValueError", "RuntimeError")
+    assert facts["world of one"] == {"value": [1.0, 1.0]}
+    assert facts["barrier"] == {"value": None}
