@@ -780,3 +780,104 @@ def test_apply_traces_states_forced_layout_on_a_plain_figure_widget_too() -> Non
     fw._send_relayout_msg = lambda layout_data, **k: sent.append(dict(layout_data))
     apply_traces(fw, [go.Bar(x=[5], y=[1])], force={"xaxis.range": [2, 3], "xaxis.autorange": False})
     assert sent and sent[-1] == {"xaxis.range": [2, 3], "xaxis.autorange": False}, sent
+
+
+def _zoomable_widget() -> TimelineWidget:
+    with recorder.record() as box:
+        x = torch.randn(64, 64, device="neuron")
+        for _ in range(30):
+            x = (x @ x).relu() / 64
+        x.sum().item()
+    return TimelineWidget(box[0])
+
+
+def test_a_zoom_and_a_double_click_keep_the_lanes_order_and_range(monkeypatch) -> None:
+    # emptied bar slots were sent orientation None (then 'h' again), and plotly.js autoranges the axes of
+    # a trace whose orientation changes: a zoom showed one lane stretched, a double-click the lanes reversed
+    from torchneuron_lab.widgets import timeline as TL
+
+    w = _zoomable_widget()
+    y_range = tuple(w.figure.layout.yaxis.range)
+    assert y_range[0] > y_range[1]  # reversed: the first lane on top
+    sent: list[dict] = []
+    real = TL._FigureWidget._send_update_msg
+
+    def spy(self, restyle_data, relayout_data, trace_indexes=None, source_view_id=None):
+        sent.append(dict(restyle_data or {}))
+        return real(self, restyle_data, relayout_data, trace_indexes, source_view_id)
+
+    monkeypatch.setattr(TL._FigureWidget, "_send_update_msg", spy)
+    w.figure.layout.xaxis.range = [0.3 * w.axis.end_x, 0.45 * w.axis.end_x]  # what a drag-zoom reports
+    assert w.window is not None
+    w.figure.layout.xaxis.autorange = True  # a double-click
+    assert w.window is None
+    assert len(sent) >= 2
+    for restyle in sent:
+        assert None not in list(restyle.get("orientation", [])), restyle.get("orientation")
+    assert tuple(w.figure.layout.yaxis.range) == y_range
+    assert w.figure.layout.yaxis.autorange is False
+
+
+def test_hover_text_shows_quotes_as_they_are_and_still_escapes_markup() -> None:
+    t = 10**12
+    fig = F.timeline_figure([
+        KernelEvent(seq=0, kind="kernel", name='my_op("x")', device=0, engine="tensor", start_ns=t, end_ns=t + 1000),
+        KernelEvent(seq=1, kind="kernel", name="<script>alert(1)</script>", device=0, engine="tensor",
+                    start_ns=t + 2000, end_ns=t + 3000),
+    ])
+    hovers = [h for tr in fig.data if tr.type == "bar" for h in (tr.hovertext or ())]
+    assert any('my_op("x")' in h for h in hovers)
+    assert not any("&quot;" in h for h in hovers)
+    assert any("&lt;script&gt;alert(1)&lt;/script&gt;" in h for h in hovers)
+    assert not any("<script>" in h for h in hovers)
+
+
+def test_a_single_kernel_of_zero_duration_is_drawn() -> None:
+    t = 10**12
+    fig = F.timeline_figure([KernelEvent(seq=0, kind="kernel", name="aten::add", device=0, engine="tensor",
+                                         start_ns=t, end_ns=t)])
+    widths = [float(v) for tr in fig.data if tr.type == "bar" for v in tr.x]
+    assert len(widths) == 1 and widths[0] > 0
+
+
+def test_the_details_panel_wraps_long_names() -> None:
+    t = 10**12
+    long_name = "aten::" + "x" * 3000
+    events = [KernelEvent(seq=i, kind="kernel", name=long_name if i == 1 else f"aten::op{i}", device=0,
+                          engine="vector", start_ns=t + 1000 * i, end_ns=t + 1000 * i + 500) for i in range(3)]
+    w = TimelineWidget(events)
+    w.select(0)  # a short name, with the long one among its neighbours
+    html_text = w.details.value
+    assert html_text.count("overflow-wrap:anywhere") >= 1 + 2 * 4  # the panel, and each neighbour's cells
+    assert "break-word" not in html_text
+
+
+def test_memory_widget_of_one_device_shows_that_device_only() -> None:
+    mem = torch.neuron.memory
+    d1 = torch.empty(12 << 20, dtype=torch.uint8, device="neuron:1")  # live on neuron:1, before history
+    mem._record_memory_history("all", context="all")
+    try:
+        d0 = [torch.empty(8 << 20, dtype=torch.uint8, device="neuron:0") for _ in range(2)]
+        snap = mem._snapshot()
+    finally:
+        mem._record_memory_history(None)
+    w = MemoryWidget(snap, device=1)
+    assert {tr.name.split()[0] for tr in w.history.data} <= {"neuron:1"}
+    assert list(w.history.layout.meta["devices"]) == ["1"]
+    assert "neuron:0" not in repr(w) and "neuron:0" not in w._summary_html()
+    assert list(MemoryWidget(snap, device=0).history.layout.meta["devices"]) == ["0"]
+    del d0, d1
+
+
+def test_save_html_writes_every_widget_and_refuses_other_objects(tmp_path: Path) -> None:
+    snap = torch.neuron.memory._snapshot()
+    for name, widget in [("memory", MemoryWidget(snap)), ("subgraphs", SubgraphWidget([]))]:
+        path = save_html(widget, tmp_path / f"{name}.html", title=f"{name} <report>")
+        text = path.read_text()
+        assert text.startswith("<!DOCTYPE html>")
+        assert f"<title>{name} &lt;report&gt;</title>" in text
+    assert "plotly" in (tmp_path / "memory.html").read_text()  # its figures, with plotly.js inlined
+    assert "cdn.plot.ly" not in (tmp_path / "memory.html").read_text()
+    with pytest.raises(TypeError, match="save_html takes"):
+        save_html(object(), tmp_path / "x.html")
+    assert not (tmp_path / "x.html").exists()

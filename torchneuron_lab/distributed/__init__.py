@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-__all__ = ["register_backend", "collective_stream"]
+__all__ = ["collective_stream", "register_backend"]
 
 _lock = threading.Lock()
 _registered = False

@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 import plotly.io as pio
+from plotly.basedatatypes import BaseFigure
 
 from torchneuron_lab.tracing import ENGINES, KernelEvent, Trace, device_name
 from torchneuron_lab.tracing.chrome_trace import write_atomically
@@ -648,9 +649,15 @@ def event_details(e: KernelEvent, profile: str | None = None, t0: int | None = N
     return d
 
 
+def _hover_text(text: str) -> str:
+    """Text for a plotly hover label: ``<``, ``>`` and ``&`` escaped (the label is plotly's own markup); quotes
+    as they are, since plotly's labels do not decode ``&quot;`` (a name ``f("x")`` read ``f(&quot;x&quot;)``)."""
+    return html.escape(text, quote=False)
+
+
 def _hover_html(details: Mapping[str, Any]) -> str:
-    head = f"<b>{html.escape(str(details['op']))}</b>"
-    rows = [f"{html.escape(k)}: {html.escape(str(v))}" for k, v in details.items() if k != "op"]
+    head = f"<b>{_hover_text(str(details['op']))}</b>"
+    rows = [f"{_hover_text(k)}: {_hover_text(str(v))}" for k, v in details.items() if k != "op"]
     return "<br>".join([head, *rows])
 
 
@@ -660,9 +667,9 @@ def _agg_hover(cols: EventColumns, lod: LOD, j: int) -> str:
     span = int(lod.agg_end[j] - lod.agg_start[j])
     return (
         f"<b>{int(lod.agg_count[j]):,} events merged</b> (zoom in to see each)<br>"
-        f"lane: {html.escape(cols.lanes[int(lod.agg_lane[j])])}<br>"
+        f"lane: {_hover_text(cols.lanes[int(lod.agg_lane[j])])}<br>"
         f"span: {_fmt_ns(span)}, busy: {_fmt_ns(int(lod.agg_busy[j]))}<br>"
-        f"first: {html.escape(first.name)}<br>last: {html.escape(last.name)}"
+        f"first: {_hover_text(first.name)}<br>last: {_hover_text(last.name)}"
     )
 
 
@@ -844,12 +851,12 @@ def _group_key(e: KernelEvent, color_by: str) -> tuple[str, str, bool]:
 def _launch_hover(e: KernelEvent, t0: int) -> str:
     """Hover text of a kernel's host launch span."""
     rows = [
-        f"<b>launch of {html.escape(e.name)}</b>",
+        f"<b>launch of {_hover_text(e.name)}</b>",
         f"host: {_fmt_ns(e.host_end_ns - e.host_start_ns)}, {_fmt_ns(e.host_start_ns - t0)} after the first event",
-        f"runs on: {html.escape(lane_label(e.device, e.engine, e.stream))}",
+        f"runs on: {_hover_text(lane_label(e.device, e.engine, e.stream))}",
         f"queued: {_fmt_ns(max(e.start_ns - e.host_end_ns, 0))} between launch and start",
         f"kernel: {_fmt_ns(e.dur_ns)}",
-        f"source: {html.escape(event_location(e) or 'unknown')}",
+        f"source: {_hover_text(event_location(e) or 'unknown')}",
     ]
     return "<br>".join(rows)
 
@@ -949,7 +956,9 @@ def timeline_figure(
         px = max(1, int(px * max_boxes / lod.num_boxes * 0.9))
         lod = lod_aggregate(cols, t0w, t1w, max(1, round(px * scale)), mask=box_mask)
     nlanes = len(cols.lanes)
-    min_w = MIN_BAR_PX * (xw1 - xw0) / max(pixels, 1)
+    # a bar is at least MIN_BAR_PX wide; a window of no length (one kernel of zero duration) counts as 1 us,
+    # else its bar was 0 wide and nothing was drawn
+    min_w = MIN_BAR_PX * ((xw1 - xw0) if xw1 > xw0 else 1.0) / max(pixels, 1)
 
     groups: dict[tuple[str, str, bool], list[int]] = {}
     for i in lod.singles.tolist():
@@ -1385,7 +1394,7 @@ def segment_map_figure(
                 bbase.append((baddr - addr) * mib)
                 by.append(label)
                 btext.append(f"block {hex(baddr)}<br>size: {_fmt_bytes(b['size'])}<br>"
-                             f"allocated at: {html.escape(_user_frame(b['frames'], mapper))}")
+                             f"allocated at: {_hover_text(_user_frame(b['frames'], mapper))}")
     fig = go.Figure()
     fig.add_trace(go.Bar(x=free_x, base=free_base, y=free_y, orientation="h", name="free (cached)",
                          marker={"color": "#e5e5e5"}, hovertemplate="segment %{y}<extra></extra>"))
@@ -1489,7 +1498,24 @@ def save_html(fig: Any, path: str | os.PathLike[str], *, title: str | None = Non
     a path ending in '.gz' is gzip-compressed. A lone surrogate (from a file name that is not valid UTF-8)
     is written as a backslash escape in the title, and in the figure where plotly's JSON engine refuses it.
     """
+    if not hasattr(fig, "figure") and callable(getattr(fig, "static_html", None)):
+        # MemoryWidget, SubgraphWidget: their static view (summary, figures, tables) as one page
+        from . import timeline as _timeline
+
+        sent = _timeline._STATIC["plotlyjs_sent"]
+        _timeline._STATIC["plotlyjs_sent"] = False  # plotly.js inlined in this file, once
+        try:
+            body = str(fig.static_html())
+        finally:
+            _timeline._STATIC["plotlyjs_sent"] = sent
+        head = f"<title>{html.escape(displayable(title))}</title>" if title else ""
+        page = f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">{head}</head><body>{body}</body></html>\n"
+        page_data = page.encode("utf-8", errors="backslashreplace")
+        return write_atomically(path, lambda fh: fh.write(page_data))
     figure = getattr(fig, "figure", fig)
+    if not isinstance(figure, (BaseFigure, Mapping)):
+        raise TypeError(f"save_html takes a plotly Figure, a FigureWidget or one of the lab's widgets, got "
+                        f"{type(fig).__name__}")
     if not isinstance(figure, go.Figure):  # FigureWidget is a BaseFigure but not a go.Figure
         figure = go.Figure(figure)
     options: dict[str, Any] = {"include_plotlyjs": True, "full_html": True, "include_mathjax": False,

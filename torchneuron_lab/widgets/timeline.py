@@ -39,6 +39,9 @@ __all__ = ["MemoryWidget", "SubgraphWidget", "TimelineWidget", "apply_traces", "
 
 _TYPE_RANK = {"bar": 0, "scatter": 1, "scattergl": 2}
 _SKIP = frozenset({"type", "uid"})
+# Kept when a slot is emptied or reused: plotly.js autoranges the axes of a trace whose orientation changes
+# (None, then 'h' again), which lost the timeline's fixed lane range at a zoom and reversed it at a double-click.
+_KEEP = frozenset({"orientation"})
 
 
 def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping[str, Any] | None = None,
@@ -78,7 +81,7 @@ def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping
             used[tr.type] = k + 1
             slot = slots[tr.type][k]
             fresh = tr.to_plotly_json()
-            for key in set(slot.to_plotly_json()) - set(fresh) - _SKIP:
+            for key in set(slot.to_plotly_json()) - set(fresh) - _SKIP - _KEEP:
                 slot[key] = None
             for key, value in fresh.items():
                 if key not in _SKIP:
@@ -87,7 +90,7 @@ def apply_traces(widget: go.FigureWidget, traces: Sequence[Any], layout: Mapping
                 slot.visible = True
         for kind, group in slots.items():
             for slot in group[used.get(kind, 0):]:
-                for key in set(slot.to_plotly_json()) - _SKIP:
+                for key in set(slot.to_plotly_json()) - _SKIP - _KEEP:
                     slot[key] = None
                 slot.visible = False
         for key, value in {**(layout or {}), **(force or {})}.items():
@@ -246,7 +249,9 @@ class _FigureWidget(go.FigureWidget):
 
 
 _WRAP = "white-space:normal;overflow-wrap:anywhere;vertical-align:top"
-_WRAP_WORDS = "white-space:normal;overflow-wrap:break-word;vertical-align:top"
+# (anywhere, not break-word: a table's automatic layout sizes columns by their content's minimum width, which
+#  break-word leaves at the longest word: a kernel name pushed the panel's values out of view)
+_WRAP_WORDS = "white-space:normal;overflow-wrap:anywhere;vertical-align:top"
 
 
 def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "") -> str:
@@ -268,7 +273,7 @@ def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "")
                          for k in keys)
         + "</tr>" for r in rows
     )
-    return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
+    return f"<table class='{cls}' style='width:100%'><tr>{head}</tr>{body}</table>"
 
 
 _STATIC: dict[str, bool] = {"enabled": False, "plotlyjs_sent": False}
@@ -435,6 +440,8 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             update["xaxis.ticktext"] = fig.layout.xaxis.ticktext
         self._base_annotations = list(fig.layout.annotations)
         self.flow = None
+        if fig.layout.yaxis.range is not None:  # the lanes' fixed order and range, whatever plotly.js did
+            layout = {**(layout or {}), "yaxis.range": list(fig.layout.yaxis.range), "yaxis.autorange": False}
         apply_traces(self.figure, list(fig.data), update, force=layout)
         self._hook_clicks()
 
@@ -521,7 +528,8 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
                           "start (µs)": f"{(n.start_ns - self.cols.t0) / 1e3:.2f}", "duration": F._fmt_ns(n.dur_ns)})
         self.selected = {"event": d, "neighbours": neigh, "flow": self.show_flow(index)}
         self.details.value = (
-            f"<div style='font-family:sans-serif;font-size:12px;white-space:normal'><b>{html.escape(e.name)}</b>"
+            f"<div style='font-family:sans-serif;font-size:12px;white-space:normal;overflow-wrap:anywhere'>"
+            f"<b>{html.escape(e.name)}</b>"
             + _table({k: v for k, v in d.items() if k != "op"}, "tnl-detail-fields")
             + "<b>neighbours in the lane</b>" + _table(neigh, "tnl-neighbours") + "</div>"
         )
@@ -537,7 +545,7 @@ class MemoryWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self.device = device
         self.top = top
         n = len(self.timeline["time_us"])
-        self.history = _FigureWidget(F.memory_figure(snapshot))
+        self.history = _FigureWidget(F.memory_figure(snapshot, devices=[device]))  # this device only
         self.slider = W.IntSlider(value=max(n - 1, 0), min=0, max=max(n - 1, 0), description="moment",
                                   continuous_update=False, layout=W.Layout(width="90%"))
         # the block map of the shown moment is the widget's first figure: no update message to draw it
