@@ -9,7 +9,6 @@ which is the transport the backend uses: equal bit for bit.
 from __future__ import annotations
 
 import pytest
-
 from _neuron_child import run_child, run_ranks
 
 COLLECTIVES = """
