@@ -178,3 +178,18 @@ def test_zoo_benchmark_quick_run_on_one_model(tmp_path: Path) -> None:
     model = doc["models"]["cnn_bn_dropout_maxpool"]
     assert set(model["faults_per_step"]) == {"cpu.eager", "neuron.eager", "cpu.compiled", "neuron.compiled"}
     assert model["parity"]["pass"] is True
+
+
+def test_distributed_benchmark_quick_run(tmp_path: Path) -> None:
+    out_json = tmp_path / "dist.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / "bench_distributed.py"), "--quick", "--json", str(out_json)],
+        check=False, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert re.search(r"^RATIO ddp\.mlp neuron/cpu = \d+\.\d{3}x", proc.stdout, re.MULTILINE), proc.stdout
+    doc = json.loads(out_json.read_text())
+    mlp = doc["mlp"]
+    assert mlp["cpu_ms"] > 0 and mlp["neuron_ms"] > 0
+    assert mlp["collectives_per_step"] >= 1  # DDP's bucket all-reduces were recorded on the neuron side
+    assert 0.0 <= mlp["overlap"] <= 1.0
