@@ -281,3 +281,75 @@ def test_collective_arguments_are_checked_at_the_call():
     assert facts["bad root"]["error"] in ("ValueError", "RuntimeError")
     assert facts["world of one"] == {"value": [1.0, 1.0]}
     assert facts["barrier"] == {"value": None}
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.testing.globalipapp import get_ipython
+    from IPython.utils.capture import capture_output
+
+    shell = get_ipython()
+    with capture_output():
+        shell.run_line_magic("load_ext", "torchneuron_lab")
+    yield shell
+    with capture_output():
+        shell.run_line_magic("unload_ext", "torchneuron_lab")
+    shell.user_ns.pop("_neuron_ranks", None)
+
+
+def _rank_processes() -> list[str]:
+    import subprocess
+
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in ps.splitlines() if "tnl-ranks-" in line and "rank.py" in line]
+
+
+@pytest.mark.timeout(300)
+def test_neuron_ranks_magic_runs_the_cell_as_the_ranks_of_a_job(ip):
+    from IPython.utils.capture import capture_output
+
+    with capture_output() as cap:
+        r = ip.run_cell(
+            "%%neuron_ranks -n 2 -t 200\n"
+            "x = torch.full((3,), float(rank + 1), device='neuron')\n"
+            "dist.all_reduce(x)\n"
+            "print('rank', rank, 'of', world_size, x.cpu().tolist(), dist.get_backend())\n",
+            store_history=True)
+    assert r.error_in_exec is None, cap.stdout
+    res = ip.user_ns["_neuron_ranks"]
+    assert res.ok and res.world_size == 2
+    assert [o.returncode for o in res.ranks] == [0, 0]
+    assert [o.stdout.strip() for o in res.ranks] == [f"rank {k} of 2 [3.0, 3.0, 3.0] neuron" for k in (0, 1)]
+    assert len(cap.outputs) == 1 and "-- rank 1 (exit 0" in cap.outputs[0].data["text/plain"]  # displayed once
+    assert "rank 1 of 2 [3.0, 3.0, 3.0] neuron" in res._repr_html_()
+    assert _rank_processes() == []
+
+
+@pytest.mark.timeout(300)
+def test_neuron_ranks_magic_fails_the_cell_names_the_failing_rank_and_kills_the_rest(ip):
+    from IPython.utils.capture import capture_output
+
+    with capture_output():
+        r = ip.run_cell(
+            "%%neuron_ranks -n 2 -t 200\n"
+            "import time\n"
+            "if rank == 1:\n"
+            "    raise ValueError('boom on rank 1')\n"
+            "time.sleep(150)  # rank 0 would wait: it is killed as soon as rank 1 failed\n",
+            store_history=True)
+    assert isinstance(r.error_in_exec, RuntimeError)
+    assert "rank 1 exited with 1: ValueError: boom on rank 1" in str(r.error_in_exec)
+    res = ip.user_ns["_neuron_ranks"]
+    assert res.ranks[0].returncode is None and res.ranks[0].seconds < 60  # killed, not waited for
+    assert 'File "cell [' in res.ranks[1].stderr  # the traceback names the cell
+    assert _rank_processes() == []
+    # the deadline: every rank killed, the cell fails and says so
+    with capture_output():
+        r = ip.run_cell("%%neuron_ranks -n 2 -t 6\nimport time\ntime.sleep(120)\n", store_history=True)
+    assert "did not finish in time" in str(r.error_in_exec)
+    assert [o.returncode for o in ip.user_ns["_neuron_ranks"].ranks] == [None, None]
+    assert _rank_processes() == []
+    # bad arguments: the usage line, before anything runs
+    with capture_output():
+        r = ip.run_cell("%%neuron_ranks -n 0\npass\n", store_history=True)
+    assert "-n must be >= 1" in str(r.error_in_exec) and "%neuron_ranks [-n NPROC]" in str(r.error_in_exec)

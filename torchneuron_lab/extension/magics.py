@@ -79,7 +79,7 @@ def _with_common(fn: Callable[..., Any]) -> Callable[..., Any]:
 @magics_class
 class NeuronMagics(Magics):
     """``%neuron_placement``, ``%neuron_graph_breaks``, ``%neuron_subgraphs``, ``%neuron_memory``,
-    ``%%neuron_profile`` and ``%neuron_watch``."""
+    ``%%neuron_profile``, ``%neuron_watch`` and ``%%neuron_ranks``."""
 
     shell: Any
 
@@ -306,6 +306,37 @@ class NeuronMagics(Magics):
             # The cell failed: propagate its exception as IPython's own cell magics do (so that the cell
             # is marked failed and "Run all" stops), with the user's frames only.
             raise error.with_traceback(_user_traceback(error.__traceback__, filename))
+        return out
+
+    # -- %%neuron_ranks ------------------------------------------------------------------------------
+    @magic_arguments()
+    @argument("-n", "--nproc", type=int, default=2, help="number of ranks (default 2)")
+    @argument("-t", "--timeout", type=float, default=300.0,
+              help="seconds for all ranks together (default 300); then every rank still running is killed")
+    @argument("--backend", default="neuron",
+              help="process-group backend (default neuron: neuron and CPU tensors; gloo: CPU tensors only)")
+    @_with_common
+    @cell_magic
+    def neuron_ranks(self, line: str = "", cell: str = "") -> Any:
+        """Run the cell as the ranks of a torch.distributed job on this machine, as torchrun would: each rank
+        a fresh interpreter with the process group made (``rank``, ``world_size`` and ``dist`` defined), the
+        group destroyed after it. The cell is plain Python and self-contained (the notebook's variables are
+        not in the ranks). Shows each rank's output; the cell fails if a rank fails or the time runs out, and
+        every rank still running is then killed (Ctrl-C too). The result is stored as ``_neuron_ranks``."""
+        __tracebackhide__ = True
+        from ..distributed.launch import run_ranks
+
+        args = _parse(self.neuron_ranks, line)
+        if args.nproc < 1:
+            raise _usage(self.neuron_ranks, f"-n must be >= 1, got {args.nproc}")
+        if not args.timeout > 0:
+            raise _usage(self.neuron_ranks, f"-t must be > 0 seconds, got {args.timeout}")
+        res = run_ranks(cell, args.nproc, timeout=args.timeout, backend=args.backend,
+                        filename=f"cell [{current_cell(self.shell)}]")
+        self.shell.user_ns["_neuron_ranks"] = res
+        out = _show(res, args)
+        if not res.ok:
+            raise RuntimeError(f"%%neuron_ranks: {res.failure()}")
         return out
 
     # -- %neuron_watch ------------------------------------------------------------------------------
