@@ -353,3 +353,43 @@ def test_neuron_ranks_magic_fails_the_cell_names_the_failing_rank_and_kills_the_
     with capture_output():
         r = ip.run_cell("%%neuron_ranks -n 0\npass\n", store_history=True)
     assert "-n must be >= 1" in str(r.error_in_exec) and "%neuron_ranks [-n NPROC]" in str(r.error_in_exec)
+
+
+@pytest.mark.timeout(300)
+def test_ctrl_c_while_the_ranks_run_kills_every_rank(tmp_path):
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from _neuron_child import ROOT, child_env
+
+    driver = tmp_path / "driver.py"
+    driver.write_text(
+        "import json, sys, time\n"
+        "from torchneuron_lab.distributed.launch import run_ranks\n"
+        "t0 = time.monotonic()\n"
+        "try:\n"
+        "    run_ranks('import time\\nprint(\"started\", flush=True)\\ntime.sleep(200)\\n', 2, timeout=250)\n"
+        "    print(json.dumps({'interrupted': False}))\n"
+        "except KeyboardInterrupt:\n"
+        "    print(json.dumps({'interrupted': True, 'seconds': time.monotonic() - t0}))\n")
+    proc = subprocess.Popen([sys.executable, str(driver)], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(_rank_processes()) < 2:
+            time.sleep(0.2)
+        assert len(_rank_processes()) == 2
+        time.sleep(3)  # the ranks are in the user's code
+        os.kill(proc.pid, signal.SIGINT)  # Ctrl-C in the waiting notebook
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    facts = json.loads(out.strip().splitlines()[-1])
+    assert facts["interrupted"] is True, err
+    assert _rank_processes() == []
