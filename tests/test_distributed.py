@@ -393,3 +393,106 @@ def test_ctrl_c_while_the_ranks_run_kills_every_rank(tmp_path):
     facts = json.loads(out.strip().splitlines()[-1])
     assert facts["interrupted"] is True, err
     assert _rank_processes() == []
+
+
+ORDER = """
+import datetime, json, os, time, warnings
+warnings.simplefilter("ignore")
+import torch, torchneuron_lab  # noqa: F401
+import torch.distributed as dist
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("neuron", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=world,
+                        timeout=datetime.timedelta(seconds=60))
+out = {}
+def busy(device):  # keeps the caller's stream busy, so a collective launched now runs later
+    a = torch.randn(384, 384, device=device)
+    for _ in range(30 if rank == 1 else 1):
+        a = (a @ a).tanh()
+    return a
+
+# a CPU collective (and an object collective) after a queued neuron one: Gloo calls in program order
+busy("neuron")
+x = torch.full((4,), 10.0 * (rank + 1), device="neuron")
+dist.all_reduce(x)
+c = torch.full((4,), 1000.0 * (rank + 1))
+dist.all_reduce(c)
+objs = [None] * world
+dist.all_gather_object(objs, {"rank": rank})
+out["neuron then cpu"] = [x.cpu().tolist(), c.tolist(), objs]
+
+# one group used from two devices of a process
+busy("neuron:1")
+a = torch.full((4,), 1.0 * (rank + 1), device="neuron:1")
+dist.all_reduce(a)
+b = torch.full((4,), 10.0 * (rank + 1), device="neuron:0")
+dist.all_reduce(b)
+out["two devices"] = [a.cpu().tolist(), b.cpu().tolist()]
+
+# both ranks send before they receive: isend/irecv and batch_isend_irecv
+peer = 1 - rank
+s, r = torch.full((4,), rank + 1.0, device="neuron"), torch.zeros(4, device="neuron")
+works = [dist.isend(s, peer), dist.irecv(r, peer)]
+for w in works:
+    w.wait()
+out["isend/irecv"] = r.cpu().tolist()
+r2 = torch.zeros(4, device="neuron")
+for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, s * 2, peer), dist.P2POp(dist.irecv, r2, peer)]):
+    w.wait()
+out["batch_isend_irecv"] = r2.cpu().tolist()
+
+# Work.wait(timeout): the host waits at most that long, then "Operation timed out!" (as Gloo)
+dist.barrier()
+if rank == 1:
+    time.sleep(4)
+t0 = time.perf_counter()
+w = dist.barrier(async_op=True)
+try:
+    w.wait(timeout=datetime.timedelta(seconds=1))
+    out["wait timeout"] = ["returned", time.perf_counter() - t0]
+except RuntimeError as e:
+    out["wait timeout"] = [str(e), time.perf_counter() - t0]
+    w.wait()  # then it completes
+dist.barrier()
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_collectives_keep_program_order_across_cpu_tensors_devices_and_point_to_point():
+    r0, r1 = run_ranks(ORDER, timeout=240)
+    for r in (r0, r1):
+        assert r["neuron then cpu"] == [[30.0] * 4, [3000.0] * 4, [{"rank": 0}, {"rank": 1}]]
+        assert r["two devices"] == [[3.0] * 4, [30.0] * 4]
+    assert (r0["isend/irecv"], r1["isend/irecv"]) == ([2.0] * 4, [1.0] * 4)
+    assert (r0["batch_isend_irecv"], r1["batch_isend_irecv"]) == ([4.0] * 4, [2.0] * 4)
+    message, seconds = r0["wait timeout"]
+    assert message == "Operation timed out!" and 0.9 <= seconds < 3.5
+
+
+RECV_ANY = """
+import json, os, warnings
+warnings.simplefilter("ignore")
+import torch, torchneuron_lab  # noqa: F401
+import torch.distributed as dist
+
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+dist.init_process_group("neuron", init_method="file://" + os.environ["INIT_FILE"], rank=rank, world_size=world)
+got = []
+for device in ("neuron", "cpu"):
+    if rank == 0:
+        for _ in range(world - 1):
+            t = torch.zeros(3, device=device)
+            src = dist.recv(t)  # from any source: the sender's rank is returned
+            got.append([src, t.cpu().tolist()])
+    else:
+        dist.send(torch.full((3,), float(rank), device=device), dst=0)
+dist.barrier()
+print(json.dumps(sorted(got)))
+"""
+
+
+@pytest.mark.timeout(300)
+def test_receive_from_any_source_returns_the_sender():
+    facts = run_ranks(RECV_ANY, world_size=3, timeout=200)
+    assert facts[0] == [[1, [1.0] * 3], [1, [1.0] * 3], [2, [2.0] * 3], [2, [2.0] * 3]]

@@ -19,6 +19,10 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/StreamGuard.h>
 
+#include <map>
+#include <thread>
+#include <tuple>
+
 namespace tnl {
 namespace {
 
@@ -68,7 +72,18 @@ class NeuronWork : public c10d::Work {
   }
   // The caller's current stream waits for the collective (no host wait), as NCCL's wait().
   void synchronize() override { block_current_stream(); }
-  bool wait(std::chrono::milliseconds /*timeout*/) override {
+  // With a timeout (as Gloo's wait): the host waits for the collective, at most `timeout`, and raises
+  // "Operation timed out!" after it. Without: the caller's stream waits (no host wait), as NCCL's wait().
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout.count() > 0) {  // (0: no timeout, kNoTimeout)
+      const auto deadline = std::chrono::steady_clock::now() + timeout;
+      while (stream_completed(device_, stream_) < pos_) {
+        TORCH_CHECK(std::chrono::steady_clock::now() < deadline, "Operation timed out!");
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      wait_position(device_, stream_, pos_, host_waits_ && source_ ? "sync: recv (any source)" : "sync: Work.wait()");
+      return true;
+    }
     if (host_waits_) {  // a barrier, or a receive from any source (the host needs the sender's rank)
       wait_position(device_, stream_, pos_, source_ ? "sync: recv (any source)" : "sync: barrier");
       return true;
@@ -256,14 +271,14 @@ class NeuronBackend : public c10d::Backend {
     check_peer(dst, "send");
     auto h = host_aliases(tensors);
     return launch("send", OpType::SEND, tensors, {},
-                  [h, dst, tag](c10d::Backend& b) mutable { return b.send(h, dst, tag); });
+                  [h, dst, tag](c10d::Backend& b) mutable { return b.send(h, dst, tag); }, nullptr, P2P{dst, true});
   }
 
   WorkPtr recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     check_peer(src, "recv");
     auto h = host_aliases(tensors);
     return launch("recv", OpType::RECV, {}, tensors,
-                  [h, src, tag](c10d::Backend& b) mutable { return b.recv(h, src, tag); });
+                  [h, src, tag](c10d::Backend& b) mutable { return b.recv(h, src, tag); }, nullptr, P2P{src, false});
   }
 
   WorkPtr recvAnysource(std::vector<at::Tensor>& tensors, int tag) override {
@@ -271,13 +286,9 @@ class NeuronBackend : public c10d::Backend {
     auto source = std::make_shared<std::atomic<int>>(-1);
     return launch(
         "recv (any source)", OpType::RECVANYSOURCE, {}, tensors,
-        [h, tag, source](c10d::Backend& b) mutable {
-          auto w = b.recvAnysource(h, tag);
-          w->wait();
-          source->store(w->sourceRank());
-          return w;
-        },
-        source);
+        // (one wait per Gloo receive: a second waits for another message; the worker's wait stores the sender)
+        [h, tag](c10d::Backend& b) mutable { return b.recvAnysource(h, tag); },
+        source, P2P{-1, false});
   }
 
   // The host waits, as NCCL's barrier: every rank's collectives launched before it have run.
@@ -287,7 +298,7 @@ class NeuronBackend : public c10d::Backend {
     c10d::BarrierOptions o = opts;
     o.device_ids.clear();
     return launch_on(device, "barrier", OpType::BARRIER, {}, {},
-                     [o](c10d::Backend& b) mutable { return b.barrier(o); }, nullptr);
+                     [o](c10d::Backend& b) mutable { return b.barrier(o); }, nullptr, std::nullopt);
   }
 
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
@@ -306,6 +317,29 @@ class NeuronBackend : public c10d::Backend {
     if (s < 0) s = new_stream(device, 0);
     return s;
   }
+
+ private:
+  // A point-to-point operation: its peer (-1: any source) and direction. Each (device, peer, direction) has
+  // its own stream, in order: a send blocks its stream until the peer has received, so two ranks that each
+  // send before they receive (isend/irecv, batch_isend_irecv) would deadlock on one stream.
+  struct P2P {
+    int peer;
+    bool send;
+  };
+  int p2p_stream(int device, const P2P& p) {
+    check_device_index(device);
+    std::lock_guard<std::mutex> lock(mu_);
+    int& s = p2p_streams_[std::make_tuple(device, p.peer, p.send)];
+    if (s == 0) s = new_stream(device, 0);
+    return s;
+  }
+  // Where the group's last collective was enqueued: the next one, on any device, waits for it, so every Gloo
+  // call is made in the order the program made them (a group used from two devices, or with CPU tensors).
+  struct Position {
+    int device = -1;
+    int stream = 0;
+    uint64_t pos = 0;
+  };
 
  private:
   using Body = std::function<WorkPtr(c10d::Backend&)>;
@@ -377,19 +411,37 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr launch(const char* name, OpType op, const std::vector<at::Tensor>& inputs,
                  const std::vector<at::Tensor>& outputs, Body body,
-                 std::shared_ptr<std::atomic<int>> source = nullptr) {
+                 std::shared_ptr<std::atomic<int>> source = nullptr, std::optional<P2P> p2p = std::nullopt) {
     const int device = device_of(inputs, outputs, name);
-    if (device < 0 && !(inputs.empty() && outputs.empty())) return body(*host_);  // CPU tensors: Gloo's work
+    if (device < 0 && !(inputs.empty() && outputs.empty())) {
+      // CPU tensors: Gloo's own work, called on this thread once the group's queued collectives have made their
+      // Gloo calls (a host wait), so that the ranks' calls keep the program's order (object collectives too)
+      Position last;
+      {
+        std::lock_guard<std::mutex> lock(order_mu_);
+        last = last_;
+      }
+      if (!p2p && last.device >= 0) {
+        wait_position(last.device, last.stream, last.pos, "sync: collective on CPU tensors", false);
+      }
+      return body(*host_);
+    }
     return launch_on(device < 0 ? current_device() : device, name, op, inputs, outputs, std::move(body),
-                     std::move(source));
+                     std::move(source), p2p);
   }
 
   WorkPtr launch_on(int device, const char* name, OpType op, const std::vector<at::Tensor>& inputs,
-                    const std::vector<at::Tensor>& outputs, Body body, std::shared_ptr<std::atomic<int>> source) {
-    const int cs = comm_stream(device);
+                    const std::vector<at::Tensor>& outputs, Body body, std::shared_ptr<std::atomic<int>> source,
+                    std::optional<P2P> p2p) {
+    const int cs = p2p ? p2p_stream(device, *p2p) : comm_stream(device);
     const int cur = current_stream(device);
     // The collective reads what the caller's stream launched before it.
     enqueue_stream_wait(device, cs, device, cur, stream_enqueued(device, cur));
+    // Held until it is enqueued: the group's collectives keep one order (see Position).
+    std::unique_lock<std::mutex> order(order_mu_);
+    if (!p2p && last_.device >= 0 && (last_.device != device || last_.stream != cs)) {
+      enqueue_stream_wait(device, cs, last_.device, last_.stream, last_.pos);
+    }
     // A block the host frees after this call is reused only once the collective has run (stream-ordered).
     int64_t read = 0, written = 0;
     for (const auto& t : inputs) {
@@ -410,12 +462,13 @@ class NeuronBackend : public c10d::Backend {
     w.device = device;
     w.stream = cs;
     w.launch = begin_launch(name_id);
-    w.run = [host = host_, body = std::move(body), device, cs, name_id, read, written](const Launch& l) {
+    w.run = [host = host_, body = std::move(body), device, cs, name_id, read, written, source](const Launch& l) {
       const int64_t t0 = now_ns();
       {
         RedirectGuard host_memory(-1);  // Gloo's scratch memory is the emulator's, not the device's
         WorkPtr gw = body(*host);
         gw->wait();
+        if (source) source->store(gw->sourceRank());
       }
       const int64_t t1 = now_ns();
       if (recording()) {
@@ -442,6 +495,8 @@ class NeuronBackend : public c10d::Backend {
       }
       if (saved != nullptr) PyEval_RestoreThread(saved);
     }
+    if (!p2p) last_ = Position{device, cs, pos};
+    order.unlock();
     // A future completed on the communication stream: waiting on it (or a callback of it) makes the
     // waiter's current stream wait for the collective, as a CUDA future does with NCCL.
     auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
@@ -457,6 +512,9 @@ class NeuronBackend : public c10d::Backend {
   HostPtr host_;
   std::mutex mu_;
   std::array<int, 64> comm_stream_{};
+  std::map<std::tuple<int, int, bool>, int> p2p_streams_;
+  std::mutex order_mu_;
+  Position last_;
 };
 
 }  // namespace
