@@ -765,10 +765,15 @@ def test_a_zoom_redraw_states_its_range_in_the_update_that_draws_it() -> None:
     assert msg["layout_data"]["xaxis.range"] == pytest.approx([end * 0.40, end * 0.41])  # ... under its range
     assert msg["layout_data"]["xaxis.autorange"] is False
     assert w.figure._forced_layout is None  # nothing left over for a later, unrelated update
-    # the colour toggle's redraw keeps the window and states no range of its own
+    # the colour toggle's redraw keeps the window and states the range shown: when the new colouring needs more
+    # trace slots, plotly.js autoranges on their addition, and the window's bars were then drawn over the
+    # whole trace's axis (tenth hostile review)
     sent.clear()
     w.color_toggle.value = "subgraph"
-    assert [name for name, _ in sent] == ["_py2js_update"] and "xaxis.range" not in sent[0][1]["layout_data"]
+    updates = [m for name, m in sent if name == "_py2js_update"]
+    assert len(updates) == 1
+    assert updates[0]["layout_data"]["xaxis.range"] == pytest.approx([end * 0.40, end * 0.41])
+    assert updates[0]["layout_data"]["xaxis.autorange"] is False
 
 
 def test_apply_traces_states_forced_layout_on_a_plain_figure_widget_too() -> None:
@@ -850,6 +855,18 @@ def test_the_details_panel_wraps_long_names() -> None:
     html_text = w.details.value
     assert html_text.count("overflow-wrap:anywhere") >= 1 + 2 * 4  # the panel, and each neighbour's cells
     assert "break-word" not in html_text
+    assert "table-layout:fixed'><colgroup>" in html_text  # the neighbours' columns have fixed widths
+
+
+def test_list_tables_keep_short_values_on_one_line() -> None:
+    # overflow-wrap:anywhere on every cell of an auto-layout table let each column shrink to one character:
+    # the SubgraphWidget's ids and kinds were drawn one or two characters per line
+    from torchneuron_lab.widgets.timeline import _table
+
+    rows = [{"id": 100 + i, "kind": "inference", "name": "x" * (3000 if i == 0 else 5)} for i in range(3)]
+    text = _table(rows)
+    assert "anywhere" not in text and text.count("overflow-wrap:break-word") == 9
+    assert "table-layout:fixed" not in text
 
 
 def test_memory_widget_of_one_device_shows_that_device_only() -> None:

@@ -434,7 +434,8 @@ def profile_cell(run: Callable[[], Any], *, record_shapes: bool, memory_peak: bo
         new_subgraphs=[r.id for r in registry.records()[n_graphs:]],
         graph_breaks=[{"location": b.location, "reason": b.reason} for b in capture.graph_breaks()
                       if b.count > break_marks.get(id(b), 0)],
-        error=None if error is None else f"{type(error).__name__}: {error}", memory_snapshot=snapshot,
+        error=None if error is None else (f"{type(error).__name__}: {error}" if str(error) else type(error).__name__),
+        memory_snapshot=snapshot,
         plan_checks=checks1[0] - checks0[0], plan_check_wait_ns=checks1[1] - checks0[1],
     )
     return res, value, error

@@ -249,14 +249,15 @@ class _FigureWidget(go.FigureWidget):
 
 
 _WRAP = "white-space:normal;overflow-wrap:anywhere;vertical-align:top"
-# (anywhere, not break-word: a table's automatic layout sizes columns by their content's minimum width, which
-#  break-word leaves at the longest word: a kernel name pushed the panel's values out of view)
-_WRAP_WORDS = "white-space:normal;overflow-wrap:anywhere;vertical-align:top"
+_WRAP_WORDS = "white-space:normal;overflow-wrap:break-word;vertical-align:top"
 
 
-def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "") -> str:
+def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "",
+           widths: Sequence[str] | None = None) -> str:
     """An HTML table of ``rows`` (a mapping: one field per row). Cells wrap instead of overflowing, so
-    a narrow panel never clips a value."""
+    a narrow panel never clips a value. ``widths`` (a list of rows: one CSS width per column) fixes the
+    columns, and then a word longer than its column breaks anywhere (a kernel name in the details panel);
+    without, a column is as wide as its longest word (short values such as ids never break)."""
     if isinstance(rows, Mapping):
         body = "".join(
             f"<tr><th style='text-align:left;padding-right:8px;width:38%;{_WRAP}'>{html.escape(str(k))}</th>"
@@ -266,14 +267,19 @@ def _table(rows: Sequence[Mapping[str, Any]] | Mapping[str, Any], cls: str = "")
     if not rows:
         return "<i>none</i>"
     keys = list(rows[0])
-    head = "".join(f"<th style='text-align:left;padding-right:8px;white-space:nowrap'>{html.escape(k)}</th>"
-                   for k in keys)
+    wrap = _WRAP if widths else _WRAP_WORDS
+    head = "".join(f"<th style='text-align:left;padding-right:8px;{_WRAP if widths else 'white-space:nowrap'}'>"
+                   f"{html.escape(k)}</th>" for k in keys)
     body = "".join(
-        "<tr>" + "".join(f"<td style='text-align:left;padding-right:8px;{_WRAP_WORDS}'>{html.escape(str(r[k]))}</td>"
+        "<tr>" + "".join(f"<td style='text-align:left;padding-right:8px;{wrap}'>{html.escape(str(r[k]))}</td>"
                          for k in keys)
         + "</tr>" for r in rows
     )
-    return f"<table class='{cls}' style='width:100%'><tr>{head}</tr>{body}</table>"
+    if widths:
+        cols = "".join(f"<col style='width:{w}'>" for w in widths)
+        return f"<table class='{cls}' style='width:100%;table-layout:fixed'><colgroup>{cols}</colgroup>" \
+               f"<tr>{head}</tr>{body}</table>"
+    return f"<table class='{cls}'><tr>{head}</tr>{body}</table>"
 
 
 _STATIC: dict[str, bool] = {"enabled": False, "plotlyjs_sent": False}
@@ -378,7 +384,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
                                             value=color_by, description="colour by")
         self.color_toggle.observe(self._on_color, names="value")
         super().__init__([self.summary_bar, self.color_toggle,
-                          W.HBox([self.figure, self.details], layout=W.Layout(width="100%"))])
+                          W.HBox([self.figure, self.details], layout=W.Layout(width="100%", flex_flow="row wrap"))])
         self.add_class("tnl-timeline")
 
     # -- text fallback -------------------------------------------------------------------------
@@ -414,7 +420,8 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         if bound.get("launches_known"):  # asynchronous trace: say what bounds the region
             verdict = f"<br><b class='tnl-bound'>{html.escape(str(bound['headline']))}</b>"
         return (
-            f"<div style='font-family:sans-serif;font-size:13px'>{s['num_events']:,} events over "
+            f"<div style='font-family:sans-serif;font-size:13px'>{s['num_events']:,} "
+            f"event{'' if s['num_events'] == 1 else 's'} over "
             f"{F._fmt_ns(span)} · some lane busy {F._fmt_ns(s['busy_ns'])} · every lane idle "
             f"{F._fmt_ns(s['idle_ns'])}{pct}{brk}{drop}{verdict}</div>"
         )
@@ -430,6 +437,7 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         """Rebuild the traces for ``window`` (ns; None: everything) at the current colour mode; ``layout``
         properties go to the front end in the same single update, even those its Python side holds."""
         self.window = window
+        layout = dict(layout or {})
         fig = F.timeline_figure(self.cols, color_by=self.color_by, profile=self.profile, max_boxes=self.max_boxes,
                                 pixels=self.pixels, window=window, rangeslider=True, width=self.width,
                                 axis=self.axis)
@@ -441,7 +449,12 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         self._base_annotations = list(fig.layout.annotations)
         self.flow = None
         if fig.layout.yaxis.range is not None:  # the lanes' fixed order and range, whatever plotly.js did
-            layout = {**(layout or {}), "yaxis.range": list(fig.layout.yaxis.range), "yaxis.autorange": False}
+            layout = {**layout, "yaxis.range": list(fig.layout.yaxis.range), "yaxis.autorange": False}
+        shown = self.figure.layout.xaxis.range
+        if window is not None and "xaxis.range" not in layout and shown is not None:
+            # a redraw of the zoomed window (a colour toggle) keeps it: adding trace slots made plotly.js
+            # autorange the axis, which then showed the window's bars over the whole trace
+            layout = {**layout, "xaxis.autorange": False, "xaxis.range": list(shown)}
         apply_traces(self.figure, list(fig.data), update, force=layout)
         self._hook_clicks()
 
@@ -468,10 +481,8 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         window = (lo, hi)
         if window == self.window:
             return
-        meta = self.figure.layout.meta or {}
-        if self.window is None and not meta.get("merged") and not self.axis.breaks:
-            self.window = window  # nothing was merged and the ticks are plotly's: nothing to refine
-            return
+        # (always redrawn: merged launches, the capped launch links and thinned markers of the whole view are
+        #  refined for the window too, not only merged kernels)
         self.redraw(window, {"xaxis.autorange": False, "xaxis.range": [x0, x1]})
 
     # -- clicks --------------------------------------------------------------------------------
@@ -531,7 +542,8 @@ class TimelineWidget(_TextFallback, W.VBox):  # type: ignore[misc]
             f"<div style='font-family:sans-serif;font-size:12px;white-space:normal;overflow-wrap:anywhere'>"
             f"<b>{html.escape(e.name)}</b>"
             + _table({k: v for k, v in d.items() if k != "op"}, "tnl-detail-fields")
-            + "<b>neighbours in the lane</b>" + _table(neigh, "tnl-neighbours") + "</div>"
+            + "<b>neighbours in the lane</b>"
+            + _table(neigh, "tnl-neighbours", widths=("8%", "46%", "23%", "23%")) + "</div>"
         )
         return self.selected
 
