@@ -898,3 +898,36 @@ def test_save_html_writes_every_widget_and_refuses_other_objects(tmp_path: Path)
     with pytest.raises(TypeError, match="save_html takes"):
         save_html(object(), tmp_path / "x.html")
     assert not (tmp_path / "x.html").exists()
+
+
+def test_subgraph_widget_shows_break_explanations_hints_and_recompiles() -> None:
+    from torchneuron_lab.compiler import capture
+
+    torch._dynamo.reset()
+    msg = '<img src=x onerror="alert(1)"> the user' + "'s reason é漢字"
+
+    def f(x):
+        y = x.sin() * 2
+        torch._dynamo.graph_break(msg=msg)
+        return y.cos() + 1
+
+    cf = torch.compile(f, backend="neuron")
+    before = len(capture.recompiles())
+    cf(torch.randn(8, 8, device="neuron"))
+    cf(torch.randn(16, 8, device="neuron"))  # another shape: a recompile
+    breaks = [b for b in capture.graph_breaks() if msg in (b.as_dict().get("explanation") or "")]
+    recompiles = capture.recompiles()[before:]
+    assert breaks and recompiles
+    w = SubgraphWidget([], breaks, recompiles)
+    assert "the user&#x27;s reason é漢字" in w._breaks_html  # the explanation, escaped
+    assert "<img" not in w._breaks_html and "&lt;img src=x" in w._breaks_html
+    assert "<b>recompiles</b>" in w._breaks_html
+    assert recompiles[0].failures and html_escape(recompiles[0].failures[0]) in w._breaks_html
+    assert "recompile of f" in repr(w)
+    torch._dynamo.reset()
+
+
+def html_escape(text: str) -> str:
+    import html
+
+    return html.escape(text)

@@ -260,7 +260,8 @@ class SubgraphsResult(_Rich):
 
         recs = {r.id: r for r in registry.records()}
         return SubgraphWidget([recs[r["id"]].as_dict() for r in self.records if r["id"] in recs],
-                              [b.as_dict() if hasattr(b, "as_dict") else b for b in capture.graph_breaks()])
+                              [b.as_dict() if hasattr(b, "as_dict") else b for b in capture.graph_breaks()],
+                              [r.as_dict() for r in capture.recompiles()])
 
     def _cells(self) -> list[list[Any]]:
         return [[r["id"], r["kind"], r["name"], r["ops"], r["kernels"], r["calls"],

@@ -626,10 +626,11 @@ def _highlight(code: str) -> str:
 class SubgraphWidget(_TextFallback, W.VBox):  # type: ignore[misc]
     """Compiled subgraphs (pick one: FX code, kernels, guards) and graph breaks with reasons."""
 
-    def __init__(self, records: Iterable[Any], breaks: Iterable[Any] = ()) -> None:
+    def __init__(self, records: Iterable[Any], breaks: Iterable[Any] = (), recompiles: Iterable[Any] = ()) -> None:
         self.records = [F._as_dict(r) for r in records]
         self.rows = F.subgraph_rows(self.records)
         self.breaks = F.graph_break_rows(breaks)
+        self.recompiles = [F._as_dict(r) for r in recompiles]
         options = [(f"#{r['id']} {r['name']}", i) for i, r in enumerate(self.rows)]
         self.picker = W.Select(options=options, rows=min(8, max(2, len(options))), layout=W.Layout(width="100%"))
         self.detail = W.HTML()
@@ -637,8 +638,15 @@ class SubgraphWidget(_TextFallback, W.VBox):  # type: ignore[misc]
         if options:
             self.show(0)
         self._rows_html = "<b>compiled subgraphs</b>" + _table(self.rows)
+        # Dynamo's explanation (a graph_break(msg=...)'s message among them) and hints, as %neuron_graph_breaks
         self._breaks_html = "<b>graph breaks</b>" + _table(
-            [{k: r[k] for k in ("reason", "location", "function", "count")} for r in self.breaks])
+            [{"reason": r["reason"], "explanation": r["explanation"], "hints": "; ".join(map(str, r["hints"])),
+              "location": r["location"], "function": r["function"], "count": r["count"]} for r in self.breaks])
+        if self.recompiles:
+            self._breaks_html += "<b>recompiles</b>" + _table(
+                [{"function": r.get("function", ""), "location": r.get("location", ""),
+                  "failed guards": "; ".join(map(str, r.get("failures") or [])) or r.get("message", "")}
+                 for r in self.recompiles])
         super().__init__([W.HTML(self._rows_html), self.picker, self.detail, W.HTML(self._breaks_html)])
         self.add_class("tnl-subgraphs")
 
@@ -660,5 +668,8 @@ class SubgraphWidget(_TextFallback, W.VBox):  # type: ignore[misc]
     def __repr__(self) -> str:
         lines = [f"#{r['id']} {r['name']}: {r['ops']} ops, {r['kernels']} kernels, {r['compile_ms']} ms compile, "
                  f"{r['calls']} calls" for r in self.rows]
-        lines += [f"graph break at {b['location']}: {b['reason']}" for b in self.breaks]
+        lines += [f"graph break at {b['location']}: {b['reason']}"
+                  + (f" ({b['explanation']})" if b["explanation"] else "") for b in self.breaks]
+        lines += [f"recompile of {r.get('function', '')} at {r.get('location', '')}: "
+                  + "; ".join(map(str, r.get("failures") or [])) for r in self.recompiles]
         return "SubgraphWidget:\n" + ("\n".join(lines) or "(nothing compiled)")
