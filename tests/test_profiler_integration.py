@@ -58,13 +58,15 @@ def test_legacy_profiler_times_ops_on_the_device() -> None:
         (big @ big).cpu()
         start, end = N.Event(enable_timing=True), N.Event(enable_timing=True)
         with torch.autograd.profiler.profile(use_device="neuron") as prof:
+            (big @ big).cpu()  # the session's first op carries the profiler's own start-up on the host (13 ms
+            #                    once, on another machine): not part of what is measured
             start.record()
             for _ in range(3):
                 big @ big
             end.record()
             N.synchronize()
         mms = [e for e in prof.function_events
-               if e.name == "aten::mm" and e.device_type == torch.autograd.DeviceType.CPU]
+               if e.name == "aten::mm" and e.device_type == torch.autograd.DeviceType.CPU][1:]
         print(json.dumps({"device_us": [e.device_time_total for e in mms], "cpu_us": [e.cpu_time_total for e in mms],
                           "event_us": start.elapsed_time(end) * 1000}))
     """)

@@ -1006,15 +1006,17 @@ def test_pinned_memory_freed_under_a_queued_copy_stays_until_the_copy_ran(direct
     facts = run_child(f"""
 import json, torch, torchneuron_lab
 N = 1 << 22
+direction, free = {direction!r}, {free!r}
+# (the device tensor is made before the stream is kept busy: a first fill_ checks its plan on the host, a wait
+#  for the stream, after which nothing was queued any more; seen on an AMD machine, 2026-12-06)
+dev = torch.empty(N, device="neuron") if direction == "h2d" else torch.full((N,), 2.5, device="neuron")
+torch.neuron.synchronize()
 torch.neuron._sleep(500)                      # the stream is busy: the copies below wait in the queue
 stats0 = torch.neuron.host_memory_stats()
-direction, free = {direction!r}, {free!r}
 if direction == "h2d":
     p = torch.empty(N, pin_memory=True).fill_(1.5)
-    dev = torch.empty(N, device="neuron")
     dev.copy_(p, non_blocking=True)
 else:
-    dev = torch.full((N,), 2.5, device="neuron")
     p = torch.empty(N, pin_memory=True)
     p.copy_(dev, non_blocking=True)
 pending = not torch.neuron.current_stream().query()
