@@ -297,16 +297,22 @@ def ip():
     shell.user_ns.pop("_neuron_ranks", None)
 
 
-def _rank_processes() -> list[str]:
+def _rank_processes(under: str = "") -> list[str]:
+    """The rank processes running now (``under``: only those whose script is in that folder)."""
     import subprocess
 
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
-    return [line for line in ps.splitlines() if "tnl-ranks-" in line and "rank.py" in line]
+    ps = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True, check=True).stdout
+    return [line for line in ps.splitlines() if "tnl-ranks-" in line and "rank.py" in line and under in line]
 
 
 @pytest.mark.timeout(300)
-def test_neuron_ranks_magic_runs_the_cell_as_the_ranks_of_a_job(ip):
+def test_neuron_ranks_magic_runs_the_cell_as_the_ranks_of_a_job(ip, tmp_path, monkeypatch):
+    import tempfile
+
     from IPython.utils.capture import capture_output
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's ranks only (another run's are not)
+    mine = str(tmp_path)
 
     with capture_output() as cap:
         r = ip.run_cell(
@@ -322,12 +328,17 @@ def test_neuron_ranks_magic_runs_the_cell_as_the_ranks_of_a_job(ip):
     assert [o.stdout.strip() for o in res.ranks] == [f"rank {k} of 2 [3.0, 3.0, 3.0] neuron" for k in (0, 1)]
     assert len(cap.outputs) == 1 and "-- rank 1 (exit 0" in cap.outputs[0].data["text/plain"]  # displayed once
     assert "rank 1 of 2 [3.0, 3.0, 3.0] neuron" in res._repr_html_()
-    assert _rank_processes() == []
+    assert _rank_processes(mine) == []
 
 
 @pytest.mark.timeout(300)
-def test_neuron_ranks_magic_fails_the_cell_names_the_failing_rank_and_kills_the_rest(ip):
+def test_neuron_ranks_magic_fails_the_cell_names_the_failing_rank_and_kills_the_rest(ip, tmp_path, monkeypatch):
+    import tempfile
+
     from IPython.utils.capture import capture_output
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # this test's ranks only (another run's are not)
+    mine = str(tmp_path)
 
     with capture_output():
         r = ip.run_cell(
@@ -342,13 +353,13 @@ def test_neuron_ranks_magic_fails_the_cell_names_the_failing_rank_and_kills_the_
     res = ip.user_ns["_neuron_ranks"]
     assert res.ranks[0].returncode is None and res.ranks[0].seconds < 60  # killed, not waited for
     assert 'File "cell [' in res.ranks[1].stderr  # the traceback names the cell
-    assert _rank_processes() == []
+    assert _rank_processes(mine) == []
     # the deadline: every rank killed, the cell fails and says so
     with capture_output():
         r = ip.run_cell("%%neuron_ranks -n 2 -t 6\nimport time\ntime.sleep(120)\n", store_history=True)
     assert "did not finish in time" in str(r.error_in_exec)
     assert [o.returncode for o in ip.user_ns["_neuron_ranks"].ranks] == [None, None]
-    assert _rank_processes() == []
+    assert _rank_processes(mine) == []
     # bad arguments: the usage line, before anything runs
     with capture_output():
         r = ip.run_cell("%%neuron_ranks -n 0\npass\n", store_history=True)
@@ -376,13 +387,15 @@ def test_ctrl_c_while_the_ranks_run_kills_every_rank(tmp_path):
         "    print(json.dumps({'interrupted': False}))\n"
         "except KeyboardInterrupt:\n"
         "    print(json.dumps({'interrupted': True, 'seconds': time.monotonic() - t0}))\n")
-    proc = subprocess.Popen([sys.executable, str(driver)], cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # (its ranks' scripts in this test's folder: another test run's ranks on the machine are not counted)
+    proc = subprocess.Popen([sys.executable, str(driver)], cwd=ROOT, env=child_env({"TMPDIR": str(tmp_path)}),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    mine = str(tmp_path)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(_rank_processes()) < 2:
+        while time.monotonic() < deadline and len(_rank_processes(mine)) < 2:
             time.sleep(0.2)
-        assert len(_rank_processes()) == 2
+        assert len(_rank_processes(mine)) == 2
         time.sleep(3)  # the ranks are in the user's code
         os.kill(proc.pid, signal.SIGINT)  # Ctrl-C in the waiting notebook
         out, err = proc.communicate(timeout=60)
@@ -390,9 +403,10 @@ def test_ctrl_c_while_the_ranks_run_kills_every_rank(tmp_path):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        subprocess.run(["pkill", "-9", "-f", mine + "/tnl-ranks-"], check=False)  # (ranks have their own sessions)
     facts = json.loads(out.strip().splitlines()[-1])
     assert facts["interrupted"] is True, err
-    assert _rank_processes() == []
+    assert _rank_processes(mine) == []
 
 
 ORDER = """

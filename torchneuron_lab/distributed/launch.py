@@ -127,10 +127,13 @@ def _free_port() -> int:
 
 
 def _kill(proc: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Kill the rank and what it started. Its own session may not exist yet (interrupted right after the fork,
+    before the child's setsid): the process itself is killed too."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def run_ranks(code: str, world_size: int = 2, *, timeout: float = 300, backend: str = "neuron",
