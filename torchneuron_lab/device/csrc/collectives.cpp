@@ -452,12 +452,7 @@ class NeuronBackend : public c10d::Backend {
       if (t.numel() > 0) record_block_stream(t.storage().data_ptr().get(), device, cs);
       written += static_cast<int64_t>(t.numel()) * t.element_size();
     }
-    static std::mutex names_mu;
-    int32_t name_id;
-    {
-      std::lock_guard<std::mutex> lock(names_mu);
-      name_id = intern_string(std::string("collective: ") + name);
-    }
+    const int32_t name_id = intern_string(std::string("collective: ") + name);  // (thread-safe)
     Work w;
     w.device = device;
     w.stream = cs;
