@@ -72,6 +72,81 @@ emit(facts)
     assert facts["value"]
 
 
+_SPREAD_CHILD = """
+import os, time
+import torch
+import torchneuron_lab  # noqa: F401
+from torchneuron_lab.device._backend import lib
+
+C = lib()
+
+def worker_threads():
+    out = []
+    for t in os.listdir("/proc/self/task"):
+        if open(f"/proc/self/task/{t}/comm").read().strip() == "neuron0:s0":
+            allowed = [l.split(":", 1)[1].strip() for l in open(f"/proc/self/task/{t}/status")
+                       if l.startswith("Cpus_allowed_list")][0]
+            out.append(allowed)
+    return out
+
+def busy(x):
+    done = torch.neuron.Event()
+    for _ in range(20):
+        x.add_(1)                                  # parallel kernels (2M elements) on the worker
+    done.record()
+    torch.neuron._sleep(300)
+    done.synchronize()                             # its kernels ran; it is still busy: its pool is there
+    threads = worker_threads()
+    torch.neuron.synchronize()
+    return threads
+
+facts = {"process": [l.split(":", 1)[1].strip() for l in open("/proc/self/status")
+                     if l.startswith("Cpus_allowed_list")][0]}
+x = torch.randn(1 << 21, device="neuron")
+x.add_(1)
+torch.neuron.synchronize()
+time.sleep(0.2)                                    # idle: any pool ended
+s0 = C.spin_throttle_stats()
+facts["first"] = busy(x)
+s1 = C.spin_throttle_stats()
+time.sleep(0.3)                                    # idle > 20 ms: the worker's pool ends
+facts["again"] = busy(x)
+s2 = C.spin_throttle_stats()
+C.set_pool_spread(False)
+time.sleep(0.3)
+facts["off"] = busy(x)
+s3 = C.spin_throttle_stats()
+facts["spread"] = [s1["pools_spread"] - s0["pools_spread"], s2["pools_spread"] - s1["pools_spread"],
+                   s3["pools_spread"] - s2["pools_spread"]]
+facts["mode"] = [s0["spread"], s3["spread"]]
+ref = torch.randn(1 << 21)
+facts["equal"] = torch.equal(ref.to("neuron").add(1).sum().cpu(), ref.add(1).sum())
+emit(facts)
+"""
+
+
+def test_a_new_worker_pool_has_its_helpers_placed_once_and_their_affinity_given_back() -> None:
+    # A helper libgomp has just created was, in about half of the pools, left where it slowed every region
+    # of the pool's life (a + 1 on 1024^2: 80-90 us a region instead of 50-56). Each new pool of a worker is
+    # made by one region that moves its helpers off the worker's CPU and gives them back their affinity.
+    facts = run_child(_SPREAD_CHILD, outcomes=True)
+    assert facts["mode"] == [True, False], facts
+    assert facts["spread"] == [1, 1, 0], facts  # once per pool made, none when turned off
+    for key in ("first", "again", "off"):
+        assert len(facts[key]) == 2, facts  # the worker and its one helper (regions of two threads)
+        assert all(allowed == facts["process"] for allowed in facts[key]), facts  # affinity given back
+    assert facts["equal"] is True
+
+
+def test_a_worker_allowed_one_cpu_is_not_moved() -> None:
+    # taskset to one CPU: nothing to spread to; the pool's helper keeps the one CPU it may use
+    code = _SPREAD_CHILD.replace("import os, time", "import os, time\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})")
+    facts = run_child(code, outcomes=True)
+    assert "," not in facts["process"] and "-" not in facts["process"], facts
+    assert all(allowed == facts["process"] for key in ("first", "again", "off") for allowed in facts[key]), facts
+    assert facts["equal"] is True
+
+
 def test_autograd_device_threads_do_not_keep_an_openmp_pool_after_running_kernels_on_the_host() -> None:
     # Backward runs on autograd's device thread (pt_autograd_0, as for CUDA). Kernels it runs on the host
     # (TORCHNEURON_LAB_LAUNCH_BLOCKING=1: all of them; otherwise a plan's first launch, sync ops) made an

@@ -576,8 +576,11 @@ void init_module(py::module& m) {
     d["windows_starved"] = st.windows_starved;
     d["windows_ahead"] = st.windows_ahead;
     d["windows_host_blocked"] = st.windows_host_blocked;
+    d["pools_spread"] = st.pools_spread;
+    d["spread"] = st.spread;
     return d;
   });
+  m.def("set_pool_spread", &set_pool_spread, py::arg("on"));
 
   m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
   m.def("runtime_started", &runtime_started);

@@ -258,7 +258,10 @@ struct SpinThrottleStats {
   int wants;
   bool held;
   uint64_t engaged, released, windows, windows_starved, windows_ahead, windows_host_blocked;
+  uint64_t pools_spread;  // worker pools whose helpers were placed off the worker's CPU (spread_omp_pool)
+  bool spread;            // that placement is on (TORCHNEURON_LAB_SPREAD_POOL=off or set_pool_spread(False))
 };
+void set_pool_spread(bool on);
 void set_spin_throttle(const std::string& mode);  // "auto" | "on" | "off" (queue.cpp, the spin throttle)
 SpinThrottleStats spin_throttle_stats();
 void end_host_thread_pool();                // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every launch waits for its kernel
