@@ -200,7 +200,7 @@ def sync_neuron() -> None:
 SETTLE_S = 0.03
 
 
-def settle(loop: Any) -> None:
+def settle(loop: Any, side: str = "") -> None:
     """Start a timed block as a notebook cell's loop would run: the device idle, then one untimed iteration.
 
     The device's worker keeps its OpenMP pool (and the spin throttle, device/csrc/queue.cpp) until it has
@@ -208,10 +208,19 @@ def settle(loop: Any) -> None:
     the worker's pool still there (libgomp throttles every pool when pools outnumber the CPUs), which
     flattered neuron. So every block waits 30 ms with the device idle; then one iteration of the block's own
     loop, untimed, makes the pools its side uses (a neuron block no longer pays them either).
+
+    A CPU block (``side`` starting with "cpu") first makes this thread's pool with its helpers placed, as the
+    device's worker does with each new pool (device/csrc/README.md, "A new pool's helpers are placed once"):
+    the neuron launches of the block before ended this thread's pool, and a pool made again by the CPU block's
+    own first op started every region late in about half of the blocks (1.4x slower), which flattered neuron.
     """
     if torch.neuron.is_initialized():  # type: ignore[attr-defined]
         torch.neuron.synchronize()  # type: ignore[attr-defined]
     time.sleep(SETTLE_S)
+    if side.startswith("cpu"):
+        from torchneuron_lab.device._backend import lib
+
+        lib().spread_thread_pool()
     loop(1)
 
 
@@ -313,14 +322,14 @@ def interleave(loops: dict[str, Any], n: int, rounds: int, warmup_blocks: int = 
     names = list(loops)
     for _ in range(warmup_blocks):
         for k in names:
-            settle(loops[k])
+            settle(loops[k], k)
             _timed(loops[k], n)
     samples: dict[str, list[float]] = {k: [] for k in names}
     faults: dict[str, list[float]] = {k: [] for k in names}
     for r in range(rounds):
         order = names if r % 2 == 0 else names[::-1]
         for k in order:
-            settle(loops[k])
+            settle(loops[k], k)
             ns, flt = _timed_faults(loops[k], n)
             samples[k].append(ns)
             faults[k].append(flt)

@@ -130,6 +130,16 @@ def training_cases(rep: Report, quick: bool, rounds: int, target_s: float) -> No
                 C.set_spin_throttle(mode)
 
         loops["neuron_unthrottled"] = unthrottled_loop
+        unspread = make_loop(STEPS[kind], env_for(kind, "neuron", model))
+
+        def unspread_loop(n: int, _inner=unspread) -> float:
+            C.set_pool_spread(False)
+            try:
+                return _inner(n)
+            finally:
+                C.set_pool_spread(True)
+
+        loops["neuron_unspread"] = unspread_loop
         calibrate(loops["neuron"], target_s)
         n = calibrate(loops["cpu"], target_s)
         sides = interleave(loops, n, rounds)
@@ -138,9 +148,9 @@ def training_cases(rep: Report, quick: bool, rounds: int, target_s: float) -> No
                             sides["neuron_blocking"], n, bar=None, cand_name="neuron_blocking")
         row_u = rep.compare(f"train.{kind}.spin_throttle_off", LABELS[kind] + " [spin throttle off]", sides["cpu"],
                             sides["neuron_unthrottled"], n, bar=None, cand_name="neuron_unthrottled")
-        rows.append(row)
-        rows.append(row_b)
-        rows.append(row_u)
+        row_s = rep.compare(f"train.{kind}.pool_spread_off", LABELS[kind] + " [pool spread off]", sides["cpu"],
+                            sides["neuron_unspread"], n, bar=None, cand_name="neuron_unspread")
+        rows += [row, row_b, row_u, row_s]
     rep.print_compare_table([r for r in rows if r["cand"] == "neuron"], unit="ms")
     print()
     print("with launch blocking (every kernel waited for, as TORCHNEURON_LAB_LAUNCH_BLOCKING=1):")
@@ -150,6 +160,11 @@ def training_cases(rep: Report, quick: bool, rounds: int, target_s: float) -> No
     print("with the spin throttle off (TORCHNEURON_LAB_SPIN_THROTTLE=off; device/csrc/README.md, 'The spin throttle'):")
     for r in rows:
         if r["cand"] == "neuron_unthrottled":
+            print(f"  {r['label']:<60} {r['ratio']:.3f}x of CPU")
+    print("with a new pool's helpers left where libgomp put them (TORCHNEURON_LAB_SPREAD_POOL=off; device/csrc/"
+          "README.md, 'OpenMP pools'):")
+    for r in rows:
+        if r["cand"] == "neuron_unspread":
             print(f"  {r['label']:<60} {r['ratio']:.3f}x of CPU")
 
 

@@ -44,6 +44,7 @@ def main() -> int:
     C.recorder_stop()
 
     # ---- neuron vs CPU per op
+    unspread_rows: list[dict] = []
     for key, label, shapes, stmt, bar in CASES:
         cpu_in = [torch.randn(*s) for s in shapes]
         dev_in = [t.to("neuron") for t in cpu_in]
@@ -52,18 +53,35 @@ def main() -> int:
             "cpu": make_loop(stmt, dict(zip(names, cpu_in))),
             "neuron": make_loop(stmt, dict(zip(names, dev_in))),
         }
+        unspread = make_loop(stmt, dict(zip(names, dev_in)))
+
+        def unspread_loop(n: int, _inner=unspread) -> float:
+            C.set_pool_spread(False)  # a new pool's helpers left where libgomp put them
+            try:
+                return _inner(n)
+            finally:
+                C.set_pool_spread(True)
+
+        loops["neuron_unspread"] = unspread_loop
         calibrate(loops["neuron"], target_s)  # warm-up (first-signature work happens here)
         n = calibrate(loops["cpu"], target_s)
         before = int(C.memory_stats(0)["num_device_alloc"])
         sides = interleave(loops, n, rounds)
         row = rep.compare(key, label, sides["cpu"], sides["neuron"], n, bar=bar)
         row["neuron_device_allocs_during_timing"] = int(C.memory_stats(0)["num_device_alloc"]) - before
+        unspread_rows.append(rep.compare(key + ".pool_spread_off", label + " [pool spread off]", sides["cpu"],
+                                         sides["neuron_unspread"], n, bar=None, cand_name="neuron_unspread"))
 
-    rep.print_compare_table(rep.rows, unit="us")
+    rep.print_compare_table([r for r in rep.rows if r.get("cand") == "neuron"], unit="us")
+    print("with a new pool's helpers left where libgomp put them (TORCHNEURON_LAB_SPREAD_POOL=off; device/csrc/"
+          "README.md, 'OpenMP pools'):")
+    for r in unspread_rows:
+        print(f"  {r['label']:<50} {r['ratio']:.3f}x of CPU (min/min {r['ratio_of_mins']:.3f}x)")
     print(
         "neuron device (segment) allocations during the timed blocks: "
         + ", ".join(
             f"{r['key'].split('.', 1)[1]} {r['neuron_device_allocs_during_timing']}" for r in rep.rows
+            if r.get("cand") == "neuron"
         )
     )
     print()

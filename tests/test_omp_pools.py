@@ -119,6 +119,7 @@ s3 = C.spin_throttle_stats()
 facts["spread"] = [s1["pools_spread"] - s0["pools_spread"], s2["pools_spread"] - s1["pools_spread"],
                    s3["pools_spread"] - s2["pools_spread"]]
 facts["mode"] = [s0["spread"], s3["spread"]]
+facts["last"] = [list(s1["spread_last"]), list(s2["spread_last"])]
 ref = torch.randn(1 << 21)
 facts["equal"] = torch.equal(ref.to("neuron").add(1).sum().cpu(), ref.add(1).sum())
 emit(facts)
@@ -132,6 +133,8 @@ def test_a_new_worker_pool_has_its_helpers_placed_once_and_their_affinity_given_
     facts = run_child(_SPREAD_CHILD, outcomes=True)
     assert facts["mode"] == [True, False], facts
     assert facts["spread"] == [1, 1, 0], facts  # once per pool made, none when turned off
+    for worker_cpu, helper_cpu in facts["last"]:  # the helper was moved to a CPU other than the worker's
+        assert worker_cpu >= 0 and helper_cpu >= 0 and helper_cpu != worker_cpu, facts
     for key in ("first", "again", "off"):
         assert len(facts[key]) == 2, facts  # the worker and its one helper (regions of two threads)
         assert all(allowed == facts["process"] for allowed in facts[key]), facts  # affinity given back
@@ -143,6 +146,7 @@ def test_a_worker_allowed_one_cpu_is_not_moved() -> None:
     code = _SPREAD_CHILD.replace("import os, time", "import os, time\nos.sched_setaffinity(0, {min(os.sched_getaffinity(0))})")
     facts = run_child(code, outcomes=True)
     assert "," not in facts["process"] and "-" not in facts["process"], facts
+    assert facts["last"][0][1] == -1, facts  # no helper was moved
     assert all(allowed == facts["process"] for key in ("first", "again", "off") for allowed in facts[key]), facts
     assert facts["equal"] is True
 

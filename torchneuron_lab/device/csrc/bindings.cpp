@@ -578,9 +578,11 @@ void init_module(py::module& m) {
     d["windows_host_blocked"] = st.windows_host_blocked;
     d["pools_spread"] = st.pools_spread;
     d["spread"] = st.spread;
+    d["spread_last"] = py::make_tuple(st.spread_worker_cpu, st.spread_helper_cpu);
     return d;
   });
   m.def("set_pool_spread", &set_pool_spread, py::arg("on"));
+  m.def("spread_thread_pool", &spread_thread_pool, py::call_guard<py::gil_scoped_release>());
 
   m.def("configure", &configure, py::arg("num_devices"), py::arg("hbm_bytes"));
   m.def("runtime_started", &runtime_started);

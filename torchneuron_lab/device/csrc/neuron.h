@@ -260,8 +260,10 @@ struct SpinThrottleStats {
   uint64_t engaged, released, windows, windows_starved, windows_ahead, windows_host_blocked;
   uint64_t pools_spread;  // worker pools whose helpers were placed off the worker's CPU (spread_omp_pool)
   bool spread;            // that placement is on (TORCHNEURON_LAB_SPREAD_POOL=off or set_pool_spread(False))
+  int spread_worker_cpu, spread_helper_cpu;  // the last placement: the worker's CPU, its first helper's (-1: none)
 };
 void set_pool_spread(bool on);
+void spread_thread_pool();  // this host thread's OpenMP pool, made with its helpers placed (queue.cpp)
 void set_spin_throttle(const std::string& mode);  // "auto" | "on" | "off" (queue.cpp, the spin throttle)
 SpinThrottleStats spin_throttle_stats();
 void end_host_thread_pool();                // TORCHNEURON_LAB_LAUNCH_BLOCKING=1: every launch waits for its kernel

@@ -273,6 +273,7 @@ void start_omp_pool() {
 struct SpreadArgs {
   int worker_cpu;
 };
+std::atomic<int> g_spread_last_worker_cpu{-1}, g_spread_last_helper_cpu{-1};  // the last placement, for tests
 void spread_helper(void* p) {
   const Gomp& g = gomp();
   const int t = g.thread_num != nullptr ? g.thread_num() : 0;
@@ -280,27 +281,29 @@ void spread_helper(void* p) {
   cpu_set_t allowed;
   CPU_ZERO(&allowed);
   if (pthread_getaffinity_np(pthread_self(), sizeof allowed, &allowed) != 0) return;
-  const int n = CPU_COUNT(&allowed);
-  if (n < 2) return;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  if (cpus.size() < 2) return;
+  // Thread t goes t CPUs after the worker's in the allowed list (as OMP_PROC_BIND=spread places a team):
+  // with as many threads as CPUs, each on its own.
   const int worker_cpu = static_cast<SpreadArgs*>(p)->worker_cpu;
-  // Helper t takes the (t-1)-th allowed CPU after skipping the worker's, wrapping round.
-  int want = -1;
-  for (int c = 0, k = 0; c < CPU_SETSIZE && want < 0; ++c) {
-    if (!CPU_ISSET(c, &allowed) || c == worker_cpu) continue;
-    if (k++ == (t - 1) % (worker_cpu >= 0 && CPU_ISSET(worker_cpu, &allowed) ? n - 1 : n)) want = c;
-  }
-  if (want < 0) return;
+  const auto at = std::find(cpus.begin(), cpus.end(), worker_cpu);
+  const size_t w = at == cpus.end() ? 0 : static_cast<size_t>(at - cpus.begin());
   cpu_set_t one;
   CPU_ZERO(&one);
-  CPU_SET(want, &one);
-  if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0)
+  CPU_SET(cpus[(w + static_cast<size_t>(t)) % cpus.size()], &one);
+  if (pthread_setaffinity_np(pthread_self(), sizeof one, &one) == 0) {
+    if (t == 1) g_spread_last_helper_cpu.store(sched_getcpu(), std::memory_order_relaxed);
     pthread_setaffinity_np(pthread_self(), sizeof allowed, &allowed);
+  }
 }
 void spread_omp_pool() {
   const Gomp& g = gomp();
   if (g.parallel == nullptr || g.in_parallel == nullptr || g.in_parallel()) return;
   if (at::get_num_threads() < 2) return;
   SpreadArgs args{sched_getcpu()};
+  g_spread_last_worker_cpu.store(args.worker_cpu, std::memory_order_relaxed);
   g.parallel(spread_helper, &args, 0, 0);  // 0: the thread's ICV, which torch's regions use too
 }
 std::atomic<uint64_t> g_pools_spread{0};
@@ -539,9 +542,12 @@ void worker_main(StreamQueue* s) {
       if (!pool_spread) {
         // The first work since this worker's pool ended (or ever): its pool is made here, its helpers placed.
         if (pool_spread_on()) {
-          adopt_host_cpu_settings();
-          spread_omp_pool();
-          g_pools_spread.fetch_add(1, std::memory_order_relaxed);
+          try {
+            adopt_host_cpu_settings();  // the pool's size: torch's thread count, as the kernels' regions
+            spread_omp_pool();
+            g_pools_spread.fetch_add(1, std::memory_order_relaxed);
+          } catch (...) {  // placement is an optimisation: the kernels run regardless
+          }
         }
         pool_spread = true;
       }
@@ -818,10 +824,17 @@ SpinThrottleStats spin_throttle_stats() {
   const int m = throttle_mode();
   return {m == 0 ? "off" : m == 2 ? "on" : "auto", t.wants, t.held, t.engaged, t.released,
           g_windows.load(), g_windows_starved.load(), g_windows_ahead.load(), g_windows_host_blocked.load(),
-          g_pools_spread.load(), pool_spread_on()};
+          g_pools_spread.load(), pool_spread_on(), g_spread_last_worker_cpu.load(), g_spread_last_helper_cpu.load()};
 }
 
 void set_pool_spread(bool on) { g_spread_mode.store(on ? 1 : 0); }
+
+void spread_thread_pool() {
+  // The calling (host) thread's pool, made now with its helpers placed as a worker's are; for a host thread
+  // about to run CPU kernels after a launch ended its pool (the benchmarks' CPU blocks: a fair baseline).
+  if (tls_worker_stream >= 0) return;
+  spread_omp_pool();
+}
 
 void end_host_thread_pool() {
   // Not the process's main thread (the user's thread, whose CPU code keeps its pool) nor a worker: a thread
