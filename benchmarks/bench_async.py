@@ -19,6 +19,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -97,6 +98,19 @@ LABELS = {
 }
 
 
+def _toggled(inner: Callable[[int], float], on: Callable[[], None], off: Callable[[], None]) -> Callable[[int], float]:
+    """``inner`` timed with a device setting switched by ``on`` for the block and back by ``off`` after it."""
+
+    def loop(n: int) -> float:
+        on()
+        try:
+            return inner(n)
+        finally:
+            off()
+
+    return loop
+
+
 def training_cases(rep: Report, quick: bool, rounds: int, target_s: float) -> None:
     from torchneuron_lab.device._backend import lib
 
@@ -109,37 +123,14 @@ def training_cases(rep: Report, quick: bool, rounds: int, target_s: float) -> No
                 if dev != "neuron_blocking"}
         envs["neuron_blocking"] = env_for(kind, "neuron", model)
         loops = {dev: make_loop(STEPS[kind], env) for dev, env in envs.items()}
-        blocking = loops["neuron_blocking"]
-
-        def blocking_loop(n: int, _inner=blocking) -> float:
-            C.set_launch_blocking(True)
-            try:
-                return _inner(n)
-            finally:
-                C.set_launch_blocking(False)
-
-        loops["neuron_blocking"] = blocking_loop
-        unthrottled = make_loop(STEPS[kind], env_for(kind, "neuron", model))
-
-        def unthrottled_loop(n: int, _inner=unthrottled) -> float:
-            mode = C.spin_throttle_stats()["mode"]
-            C.set_spin_throttle("off")
-            try:
-                return _inner(n)
-            finally:
-                C.set_spin_throttle(mode)
-
-        loops["neuron_unthrottled"] = unthrottled_loop
-        unspread = make_loop(STEPS[kind], env_for(kind, "neuron", model))
-
-        def unspread_loop(n: int, _inner=unspread) -> float:
-            C.set_pool_spread(False)
-            try:
-                return _inner(n)
-            finally:
-                C.set_pool_spread(True)
-
-        loops["neuron_unspread"] = unspread_loop
+        loops["neuron_blocking"] = _toggled(loops["neuron_blocking"], lambda: C.set_launch_blocking(True),
+                                            lambda: C.set_launch_blocking(False))
+        throttle_mode = C.spin_throttle_stats()["mode"]
+        loops["neuron_unthrottled"] = _toggled(make_loop(STEPS[kind], env_for(kind, "neuron", model)),
+                                               lambda: C.set_spin_throttle("off"),
+                                               lambda m=throttle_mode: C.set_spin_throttle(m))
+        loops["neuron_unspread"] = _toggled(make_loop(STEPS[kind], env_for(kind, "neuron", model)),
+                                            lambda: C.set_pool_spread(False), lambda: C.set_pool_spread(True))
         calibrate(loops["neuron"], target_s)
         n = calibrate(loops["cpu"], target_s)
         sides = interleave(loops, n, rounds)

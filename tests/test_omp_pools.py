@@ -120,6 +120,16 @@ facts["spread"] = [s1["pools_spread"] - s0["pools_spread"], s2["pools_spread"] -
                    s3["pools_spread"] - s2["pools_spread"]]
 facts["mode"] = [s0["spread"], s3["spread"]]
 facts["last"] = [list(s1["spread_last"]), list(s2["spread_last"])]
+C.set_pool_spread(True)
+time.sleep(0.3)
+side = torch.neuron.Stream()
+s4 = C.spin_throttle_stats()
+with torch.neuron.stream(side):
+    torch.neuron._sleep(300)                       # a side stream's worker runs nothing parallel
+side.synchronize()
+named = sum(1 for t in os.listdir("/proc/self/task")
+            if open(f"/proc/self/task/{t}/comm").read().strip() == f"neuron0:s{side.stream_id}")
+facts["side_stream"] = [C.spin_throttle_stats()["pools_spread"] - s4["pools_spread"], named]
 ref = torch.randn(1 << 21)
 facts["equal"] = torch.equal(ref.to("neuron").add(1).sum().cpu(), ref.add(1).sum())
 emit(facts)
@@ -139,6 +149,7 @@ def test_a_new_worker_pool_has_its_helpers_placed_once_and_their_affinity_given_
         assert len(facts[key]) == 2, facts  # the worker and its one helper (regions of two threads)
         assert all(allowed == facts["process"] for allowed in facts[key]), facts  # affinity given back
     assert facts["equal"] is True
+    assert facts["side_stream"] == [0, 1], facts  # a side stream's worker: no placement, no pool of its own
 
 
 def test_a_worker_allowed_one_cpu_is_not_moved() -> None:

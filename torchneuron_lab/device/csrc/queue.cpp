@@ -541,7 +541,11 @@ void worker_main(StreamQueue* s) {
     for (Work& w : batch) {
       if (!pool_spread) {
         // The first work since this worker's pool ended (or ever): its pool is made here, its helpers placed.
-        if (pool_spread_on()) {
+        // The default stream's worker only: it runs a program's kernels. Other streams' workers (side streams,
+        // collectives' communication streams) often run nothing parallel, and a pool made for each -- one more
+        // thread per stream -- doubled a program's threads (64 streams: 128) and, outnumbering the CPUs, would
+        // throttle every pool's spin (test_streams_come_from_a_pool_per_priority_as_cudas caught it).
+        if (s->id == 0 && pool_spread_on()) {
           try {
             adopt_host_cpu_settings();  // the pool's size: torch's thread count, as the kernels' regions
             spread_omp_pool();
