@@ -307,18 +307,21 @@ void spread_omp_pool() {
   g.parallel(spread_helper, &args, 0, 0);  // 0: the thread's ICV, which torch's regions use too
 }
 std::atomic<uint64_t> g_pools_spread{0};
-// -1: read TORCHNEURON_LAB_SPREAD_POOL (off|0 turns it off) at first use.
-std::atomic<int> g_spread_mode{-1};
-bool pool_spread_on() {
-  int m = g_spread_mode.load(std::memory_order_relaxed);
+// A mode switch read from the environment at first use (`cache` < 0 until then): "off"/"0" -> 0, "on"/"1" ->
+// `on`, anything else (unset included) -> `other`. A setter stores into `cache` directly.
+int env_mode(std::atomic<int>& cache, const char* var, int on, int other) {
+  int m = cache.load(std::memory_order_relaxed);
   if (m < 0) {
-    const char* e = std::getenv("TORCHNEURON_LAB_SPREAD_POOL");
+    const char* e = std::getenv(var);
     const std::string v = e == nullptr ? "" : e;
-    m = (v == "off" || v == "0") ? 0 : 1;
-    g_spread_mode.store(m);
+    m = (v == "off" || v == "0") ? 0 : (v == "on" || v == "1") ? on : other;
+    cache.store(m);
   }
-  return m == 1;
+  return m;
 }
+// TORCHNEURON_LAB_SPREAD_POOL: off|0 turns the placement off.
+std::atomic<int> g_spread_mode{-1};
+bool pool_spread_on() { return env_mode(g_spread_mode, "TORCHNEURON_LAB_SPREAD_POOL", 1, 1) == 1; }
 
 thread_local int64_t tls_pool_shrunk_ns = 0;  // a host thread's last shrink
 
@@ -380,16 +383,7 @@ int64_t host_wait_total(int64_t now) {
 
 // 0 off, 1 auto, 2 on; -1: read the environment at first use.
 std::atomic<int> g_throttle_mode{-1};
-int throttle_mode() {
-  int m = g_throttle_mode.load(std::memory_order_relaxed);
-  if (m < 0) {
-    const char* e = std::getenv("TORCHNEURON_LAB_SPIN_THROTTLE");
-    const std::string v = e == nullptr ? "" : e;
-    m = (v == "off" || v == "0") ? 0 : (v == "on" || v == "1") ? 2 : 1;
-    g_throttle_mode.store(m);
-  }
-  return m;
-}
+int throttle_mode() { return env_mode(g_throttle_mode, "TORCHNEURON_LAB_SPIN_THROTTLE", 2, 1); }
 
 void throttle_main() {
   pthread_setname_np(pthread_self(), "neuron-throttle");
@@ -538,23 +532,23 @@ void worker_main(StreamQueue* s) {
       const int64_t now = now_ns();
       starve.took_work(now, now - wait0, depth);
     }
-    for (Work& w : batch) {
-      if (!pool_spread) {
-        // The first work since this worker's pool ended (or ever): its pool is made here, its helpers placed.
-        // The default stream's worker only: it runs a program's kernels. Other streams' workers (side streams,
-        // collectives' communication streams) often run nothing parallel, and a pool made for each -- one more
-        // thread per stream -- doubled a program's threads (64 streams: 128) and, outnumbering the CPUs, would
-        // throttle every pool's spin (test_streams_come_from_a_pool_per_priority_as_cudas caught it).
-        if (s->id == 0 && pool_spread_on()) {
-          try {
-            adopt_host_cpu_settings();  // the pool's size: torch's thread count, as the kernels' regions
-            spread_omp_pool();
-            g_pools_spread.fetch_add(1, std::memory_order_relaxed);
-          } catch (...) {  // placement is an optimisation: the kernels run regardless
-          }
+    if (!pool_spread) {
+      // The first work since this worker's pool ended (or ever): its pool is made here, its helpers placed.
+      // The default stream's worker only: it runs a program's kernels. Other streams' workers (side streams,
+      // collectives' communication streams) often run nothing parallel, and a pool made for each -- one more
+      // thread per stream -- doubled a program's threads (64 streams: 128) and, outnumbering the CPUs, would
+      // throttle every pool's spin (test_streams_come_from_a_pool_per_priority_as_cudas caught it).
+      if (s->id == 0 && pool_spread_on()) {
+        try {
+          adopt_host_cpu_settings();  // the pool's size: torch's thread count, as the kernels' regions
+          spread_omp_pool();
+          g_pools_spread.fetch_add(1, std::memory_order_relaxed);
+        } catch (...) {  // placement is an optimisation: the kernels run regardless
         }
-        pool_spread = true;
       }
+      pool_spread = true;
+    }
+    for (Work& w : batch) {
       // A launch whose thread was interrupted (Ctrl-C in one of its waits) since is dropped: it was queued,
       // not running. Other threads' launches run (they were not interrupted and will read their results).
       if (w.run && launch_dropped(w.launch)) {
