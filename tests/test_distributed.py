@@ -379,6 +379,8 @@ def test_ctrl_c_while_the_ranks_run_kills_every_rank(tmp_path):
 
     driver = tmp_path / "driver.py"
     driver.write_text(
+        "import faulthandler, signal\n"
+        "faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang\n"
         "import json, sys, time\n"
         "from torchneuron_lab.distributed.launch import run_ranks\n"
         "t0 = time.monotonic()\n"
@@ -398,7 +400,14 @@ def test_ctrl_c_while_the_ranks_run_kills_every_rank(tmp_path):
         assert len(_rank_processes(mine)) == 2
         time.sleep(3)  # the ranks are in the user's code
         os.kill(proc.pid, signal.SIGINT)  # Ctrl-C in the waiting notebook
-        out, err = proc.communicate(timeout=60)
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGUSR1)  # every thread's stack to its stderr, then fail with them
+            time.sleep(2)
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate(timeout=30)
+            pytest.fail(f"the driver did not exit 60 s after Ctrl-C; stdout {out!r}; its stacks:\n{err[-6000:]}")
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
