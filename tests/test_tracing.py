@@ -883,6 +883,7 @@ def test_a_bounded_recording_summarised_from_its_columns_agrees_with_its_events(
     from torchneuron_lab.device._backend import lib
 
     x = torch.ones(4, device="neuron")
+    torch.neuron.synchronize()  # (no kernel launched before the recording runs inside it)
     t_before = lib().now_ns()
     with recorder.record(capacity=300, keep_first=50) as box:
         for i in range(3000):
@@ -890,7 +891,9 @@ def test_a_bounded_recording_summarised_from_its_columns_agrees_with_its_events(
             if early_wait and i == 100:
                 # A host wait that began before the first kernel and ended after the pinned head filled
                 # (a full queue whose worker had not yet run): pushed late, so the ring drops it, and the
-                # dropped window starts before every kept event (seen once in CI under load).
+                # dropped window starts before every kept event (seen once in CI under load). The head is
+                # full once the first 101 kernels have run.
+                torch.neuron.synchronize()
                 lib().recorder_push("sync", "sync: queue full", 0, "host", t_before, lib().now_ns(),
                                     0, 0, 0, -1, "")
         torch.neuron.synchronize()
