@@ -882,7 +882,9 @@ def test_a_bounded_recording_summarised_from_its_columns_agrees_with_its_events(
     from torchneuron_lab.device import recorder
     from torchneuron_lab.device._backend import lib
 
-    x = torch.ones(4, device="neuron")
+    # each add long enough on the device that the host runs ahead: the queue is deep, so the kept kernels'
+    # launches happened while the dropped ones ran
+    x = torch.ones(1 << 16, device="neuron")
     torch.neuron.synchronize()  # (no kernel launched before the recording runs inside it)
     t_before = lib().now_ns()
     with recorder.record(capacity=300, keep_first=50) as box:
@@ -917,6 +919,11 @@ def test_a_bounded_recording_summarised_from_its_columns_agrees_with_its_events(
     assert fast["bound"]["span_ns"] == hi - lo_bound
     if early_wait:
         assert fast["bound"]["unrecorded_ns"] > act["unrecorded_ns"]
+    # the timeline's verdict is the same one: three paths (columns, events, the timeline's arrays) agree
+    from torchneuron_lab.widgets import figures as F
+
+    assert F.timeline_summary(tr)["bound"] == fast["bound"]
+    assert fast["bound"]["launches_known"] is True
 
 
 def test_stack_frames_hold_valid_unicode_whatever_the_file_system_held() -> None:

@@ -240,6 +240,7 @@ def _classify(cols: RecordedColumns, sync_events: list[KernelEvent],
     bs, be = _merged(*S.clip_out(ws, we, w))
     busy_ns = int((be - bs).sum())
     enq = np.minimum(np.where(known, h_end, ws), ws)
+    launches_known = bool(len(ls))  # launch times were recorded, whether or not they fall in a dropped stretch
     ls, le = S.clip_out(ls, le, w)
     launch_ns = _union_ns(ls, le)
     both = _union_ns(np.concatenate([ls, bs]), np.concatenate([le, be]))
@@ -250,7 +251,7 @@ def _classify(cols: RecordedColumns, sync_events: list[KernelEvent],
         unrecorded_ns=S.unrecorded_ns(w, lo, hi) if cols.n else 0,
         queue_ns=_union_ns(*S.clip_out(enq, we, w)), launch_ns=launch_ns,
         idle_launching=launch_ns - (launch_ns + busy_ns - both),
-        wait_union=wait_union, waits=S.host_waits(sync_events, top=3), launches_known=bool(len(ls)),
+        wait_union=wait_union, waits=S.host_waits(sync_events, top=3), launches_known=launches_known,
     )
 
 

@@ -511,7 +511,7 @@ def bound_of(cols: EventColumns) -> dict[str, Any]:
         idle_launching=launch_ns - (launch_ns + busy_ns - both),
         wait_union=_union_ns(*S.clip_out(np.asarray([e.start_ns for e in syncs], dtype=np.int64),
                                          np.asarray([e.end_ns for e in syncs], dtype=np.int64), w)),
-        waits=S.host_waits(syncs, top=3), launches_known=bool(len(ls)),
+        waits=S.host_waits(syncs, top=3), launches_known=bool(launched.any()),  # recorded, dropped stretch or not
     )
 
 
