@@ -230,28 +230,36 @@ def _classify(cols: RecordedColumns, sync_events: list[KernelEvent],
     a = cols.arrays
     start, end = a["start_ns"], a["end_ns"]
     work = _mask_of(cols, S._DEVICE_KINDS) & (a["device"] >= 0)
-    ws, we = start[work], end[work]
     h_start, h_end = cols.column("host_start_ns")[work], cols.column("host_end_ns")[work]
     known = h_end > 0
-    ls, le = h_start[known].astype(np.int64), h_end[known].astype(np.int64)
-    lo = min(int(start.min()) if cols.n else 0, int(ls.min()) if len(ls) else 2**62)
+    lo = min(int(start.min()) if cols.n else 0, int(h_start[known].min()) if known.any() else 2**62)
     hi = int(end.max()) if cols.n else 0
+    return bound_from_arrays(start[work], end[work], h_start, h_end, known, sync_events, unrecorded,
+                             lo, hi, cols.n)
+
+
+def bound_from_arrays(ws: np.ndarray, we: np.ndarray, h_start: np.ndarray, h_end: np.ndarray, known: np.ndarray,
+                      sync_events: list[Any], unrecorded: tuple[int, int] | None, lo: int, hi: int,
+                      n: int) -> dict[str, Any]:
+    """:func:`summary.classify_region`'s verdict from the device work's columns (start/end, host launch
+    start/end, ``known``: launch times recorded) and the sync events, over the span ``lo``..``hi`` of ``n``
+    events. Shared by the recorder's columns and the timeline's."""
     w = unrecorded  # every interval is clipped out of a dropped stretch: nothing is known there
     bs, be = _merged(*S.clip_out(ws, we, w))
     busy_ns = int((be - bs).sum())
     enq = np.minimum(np.where(known, h_end, ws), ws)
-    launches_known = bool(len(ls))  # launch times were recorded, whether or not they fall in a dropped stretch
-    ls, le = S.clip_out(ls, le, w)
+    ls, le = S.clip_out(h_start[known].astype(np.int64), h_end[known].astype(np.int64), w)
     launch_ns = _union_ns(ls, le)
     both = _union_ns(np.concatenate([ls, bs]), np.concatenate([le, be]))
     wait_union = _union_ns(*S.clip_out(np.asarray([x.start_ns for x in sync_events], dtype=np.int64),
                                        np.asarray([x.end_ns for x in sync_events], dtype=np.int64), w))
     return S._classification(
-        span=hi - lo if cols.n else 0, has_work=bool(work.any()), busy_ns=busy_ns,
-        unrecorded_ns=S.unrecorded_ns(w, lo, hi) if cols.n else 0,
+        span=hi - lo if n else 0, has_work=bool(len(ws)), busy_ns=busy_ns,
+        unrecorded_ns=S.unrecorded_ns(w, lo, hi) if n else 0,
         queue_ns=_union_ns(*S.clip_out(enq, we, w)), launch_ns=launch_ns,
         idle_launching=launch_ns - (launch_ns + busy_ns - both),
-        wait_union=wait_union, waits=S.host_waits(sync_events, top=3), launches_known=launches_known,
+        # launch times were recorded, whether or not they fall in a dropped stretch
+        wait_union=wait_union, waits=S.host_waits(sync_events, top=3), launches_known=bool(known.any()),
     )
 
 

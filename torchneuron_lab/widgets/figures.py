@@ -486,33 +486,17 @@ def timeline_summary(events: EventColumns | Trace | Iterable[KernelEvent]) -> di
 def bound_of(cols: EventColumns) -> dict[str, Any]:
     """:func:`torchneuron_lab.tracing.classify_region` of the events, computed on the figure's columns
     (the same rule; only the sync events are looked at one by one)."""
-    from torchneuron_lab.tracing import summary as S
-    from torchneuron_lab.tracing._columnar import _merged, _union_ns
+    from torchneuron_lab.tracing._columnar import bound_from_arrays
 
     n = len(cols.events)
     dev = cols.device if cols.device is not None else np.zeros(n, dtype=np.int32)
     work = cols.kind_mask("kernel", "dma") & (dev >= 0)
     ws, we = cols.start[work], cols.end[work]
-    launched = cols.launched[work]
     h_start = cols.host_start[work] if cols.host_start is not None else ws
     h_end = cols.host_end[work] if cols.host_end is not None else ws
-    w = cols.unrecorded  # every interval is clipped out of a dropped stretch: nothing is known there
-    ls, le = S.clip_out(h_start[launched], h_end[launched], w)
-    bs, be = _merged(*S.clip_out(ws, we, w))
-    busy_ns = int((be - bs).sum())
-    launch_ns = _union_ns(ls, le)
-    both = _union_ns(np.concatenate([ls, bs]), np.concatenate([le, be]))
     syncs = [cols.events[i] for i in np.flatnonzero(cols.kind_mask("sync")).tolist()]
     lo, hi = cols.extent()
-    return S._classification(
-        span=hi - lo, has_work=bool(work.any()), busy_ns=busy_ns,
-        unrecorded_ns=S.unrecorded_ns(w, lo, hi) if n else 0,
-        queue_ns=_union_ns(*S.clip_out(np.minimum(np.where(launched, h_end, ws), ws), we, w)), launch_ns=launch_ns,
-        idle_launching=launch_ns - (launch_ns + busy_ns - both),
-        wait_union=_union_ns(*S.clip_out(np.asarray([e.start_ns for e in syncs], dtype=np.int64),
-                                         np.asarray([e.end_ns for e in syncs], dtype=np.int64), w)),
-        waits=S.host_waits(syncs, top=3), launches_known=bool(launched.any()),  # recorded, dropped stretch or not
-    )
+    return bound_from_arrays(ws, we, h_start, h_end, cols.launched[work], syncs, cols.unrecorded, lo, hi, n)
 
 
 def queue_depth_steps(cols: EventColumns) -> dict[int, tuple[np.ndarray, np.ndarray]]:
