@@ -87,6 +87,29 @@ def test_profile_script_args_after_double_dash(tmp_path: Path) -> None:
     assert "script args ['--flag', '1']" in r.stdout
 
 
+@pytest.mark.parametrize(("args", "script_args"), [
+    # an option of ours between the script and "--": argparse gave the "--" back as unknown and the error
+    # suggested `profile work.py -- -- --flag 1`
+    (("work.py", "-k", "5", "--", "--flag", "1"), ["--flag", "1"]),
+    (("-k", "5", "work.py", "--", "--flag", "1"), ["--flag", "1"]),
+    (("work.py", "a", "--", "--flag", "-k", "3"), ["a", "--flag", "-k", "3"]),  # -k after "--" is the script's
+    (("--", "work.py", "--flag"), ["--flag"]),  # "--" before the script: the script is the first after it
+    (("work.py", "--", "a", "--", "b"), ["a", "--", "b"]),  # a later "--" is the script's too
+])
+def test_everything_after_double_dash_goes_to_the_script(tmp_path: Path, args: tuple[str, ...],
+                                                         script_args: list[str]) -> None:
+    (tmp_path / "work.py").write_text("import sys\nprint('script args', sys.argv[1:])\n")
+    r = cli("profile", *args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"script args {script_args!r}" in r.stdout.splitlines()
+
+
+def test_double_dash_after_another_command_is_a_usage_error(tmp_path: Path) -> None:
+    r = cli("info", "--", "x", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert "error: unrecognized arguments: -- x" in r.stderr
+
+
 def test_profile_failing_script(tmp_path: Path) -> None:
     (tmp_path / "bad.py").write_text(FAILING)
     r = cli("profile", "bad.py", cwd=tmp_path)
@@ -132,6 +155,55 @@ def test_bad_arguments_print_usage_and_exit_2(tmp_path: Path, args: tuple[str, .
     r = cli(*args, cwd=tmp_path)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert "usage:" in r.stderr or "error:" in r.stderr
+
+
+# How the command line is started: its console script (run by this interpreter, as its shebang does) and
+# `python -m`, with an interpreter option that takes a value before the module.
+_STARTS = {
+    "console script": [sys.executable, str(Path(sys.executable).parent / "torchneuron-lab")],
+    "python -m": [sys.executable, "-m", "torchneuron_lab.cli"],
+    "python -X utf8 -m": [sys.executable, "-X", "utf8", "-m", "torchneuron_lab.cli"],
+}
+
+
+@pytest.mark.parametrize("start", sorted(_STARTS))
+@pytest.mark.parametrize(("args", "code"), [(("--help",), 0), (("profile", "--help"), 0), (("profile",), 2),
+                                            (("demo", "--steps", "0"), 2), (("bogus",), 2)])
+def test_help_and_usage_errors_answer_without_building_the_core(tmp_path: Path, start: str,
+                                                                args: tuple[str, ...], code: int) -> None:
+    # They built the C++ core first: `torchneuron-lab --help` took 51 s on a fresh install. An empty build
+    # cache shows it: nothing may be built (or the directory even made) before the arguments are parsed.
+    cache = tmp_path / "cache"
+    cmd = _STARTS[start]
+    assert Path(cmd[1]).exists() or start != "console script", "the package's console script is not installed"
+    env = dict(os.environ, TORCHNEURON_LAB_BUILD_DIR=str(cache),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    r = subprocess.run([*cmd, *args], check=False, cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == code, (r.stdout, r.stderr)
+    assert (r.stdout if code == 0 else r.stderr).startswith("usage: torchneuron-lab")
+    assert "building" not in r.stderr and not cache.exists()
+
+
+def test_a_device_that_cannot_register_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    # The command registers the device after parsing; a bad setting says so and exits 1, no traceback.
+    r = cli("info", cwd=tmp_path, env={"TORCHNEURON_LAB_NUM_DEVICES": "0"})
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert r.stdout == ""
+    assert ("torchneuron-lab: the neuron device could not be registered: ValueError: "
+            "TORCHNEURON_LAB_NUM_DEVICES must be an int in [1, 64], got 0") in r.stderr.splitlines()
+    assert "Traceback" not in r.stderr
+
+
+def test_a_script_that_imports_the_package_under_the_command_finds_the_device(tmp_path: Path) -> None:
+    # The package is imported before the command registers; the profiled script's own import and its
+    # neuron tensors must find the device registered.
+    script = tmp_path / "s.py"
+    script.write_text("import torchneuron_lab, torch\n"
+                      "print('device', torch.ones(2, device='neuron').add(1).sum().item())\n")
+    r = cli("profile", str(script), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "device 4.0" in r.stdout.splitlines()
 
 
 @pytest.mark.slow

@@ -68,7 +68,37 @@ def unload_ipython_extension(ipython: Any) -> None:
     _unload(ipython)
 
 
+def _command_line_starting() -> bool:
+    """True while ``torchneuron-lab`` (or ``python -m torchneuron_lab.cli``) imports this package to start.
+
+    The command registers the device itself once its arguments are parsed (``cli.main``), so ``--help`` and a
+    usage error answer at once instead of building the C++ core first (about a minute on a fresh install).
+    Only before torch is imported: a re-import after a failed registration (``_autoload``) raises its error.
+    """
+    import os
+    import sys
+
+    if "torch" in sys.modules:
+        return False
+    argv = list(getattr(sys, "orig_argv", None) or [])[1:]
+    if argv and os.path.basename(argv[0]) == "torchneuron-lab":  # the console script, run by its interpreter
+        return True
+    takes_value = {"-X", "-W", "--check-hash-based-pycs"}  # interpreter options with a separate value
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m":
+            return i + 1 < len(argv) and argv[i + 1] == "torchneuron_lab.cli"
+        if a.startswith("-m"):
+            return a[2:] == "torchneuron_lab.cli"
+        if a == "-c" or a == "-" or not a.startswith("-"):  # code, stdin or a script: not the command line
+            return False
+        i += 2 if a in takes_value else 1
+    return False
+
+
 # TORCHNEURON_LAB_REGISTER=0 imports the package without touching torch (e.g. to read saved traces).
 # During torch's own import the entry point (_autoload) registers, so that its failures only warn.
-if __import__("os").environ.get("TORCHNEURON_LAB_REGISTER", "1") != "0" and not _torch_is_importing():
+if (__import__("os").environ.get("TORCHNEURON_LAB_REGISTER", "1") != "0" and not _torch_is_importing()
+        and not _command_line_starting()):
     register_device()

@@ -413,8 +413,20 @@ def main(argv: list[str] | None = None) -> int:
     p_prof.add_argument("-k", "--top", type=int, default=10, help="kernels to list (default 10)")
     p_prof.add_argument("--record-shapes", action="store_true", help="record input shapes of each kernel")
     p_prof.set_defaults(fn=_profile)
+    # Everything after the first "--" is the script's, split off before argparse sees it: argparse gives a
+    # "--" that follows an option of ours (`profile s.py -k 5 -- --lr 0.1`) back as an unknown argument.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
     args, unknown = parser.parse_known_args(argv)
+    if tail and args.command != "profile":
+        parser.error(f"unrecognized arguments: -- {' '.join(tail)}")
     if args.command == "profile":
+        if args.script is None and tail:  # `profile -- s.py --lr 0.1`
+            args.script, tail = tail[0], tail[1:]
+        args.args = [*args.args, *tail]
         if args.script is None:
             p_prof.error("the following arguments are required: script")
         script = Path(args.script)
@@ -431,6 +443,16 @@ def main(argv: list[str] | None = None) -> int:
             p_prof.error(f"unrecognized arguments: {extra}. Arguments for the script go after '--', e.g. "
                          f"torchneuron-lab profile {args.script} -- {' '.join([*args.args, *unknown])}")
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    # Registered here, after the arguments: `--help` and usage errors do not build the C++ core (the
+    # package's import left it to us, torchneuron_lab._command_line_starting).
+    try:
+        import torchneuron_lab
+
+        torchneuron_lab.register_device()
+    except (ValueError, RuntimeError, OSError, ImportError) as e:
+        print(f"torchneuron-lab: the neuron device could not be registered: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:  # a second Ctrl-C while the partial profile is written
