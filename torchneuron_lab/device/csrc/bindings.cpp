@@ -733,6 +733,13 @@ void init_module(py::module& m) {
     }
     recorder_clear();
   });
+  m.def("stack_table_stats", [] {
+    const auto st = stack_table_stats();
+    py::dict d;
+    d["stacks"] = st.first;
+    d["auto_clears"] = st.second;
+    return d;
+  });
   m.def("release_stacks_if_unreferenced", []() {
     {
       py::gil_scoped_release nogil;

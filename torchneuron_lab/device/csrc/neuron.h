@@ -169,6 +169,9 @@ struct SiteFrame {
 };
 std::vector<SiteFrame> stack_frames(int32_t id);
 bool release_stacks_if_unreferenced();
+std::pair<size_t, uint64_t> stack_table_stats();  // (interned stacks, automatic clears)
+// Empties the launch-stack table once it is large and nothing references it (recorder.cpp); takes the GIL.
+void maybe_auto_clear_stacks(bool at_sync);
 // Before the stack table is cleared: a pending asynchronous error keeps its launch frames (GIL not held).
 void resolve_pending_error_sites();
 bool all_queues_idle();  // no launch queued or running on any stream of any device

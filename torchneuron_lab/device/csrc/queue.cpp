@@ -663,6 +663,7 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   }
   if (reached) {
     tls_reaped.clear();
+    if (tls_worker_stream < 0) maybe_auto_clear_stacks(true);
     return false;
   }
   TORCH_CHECK(!(tls_worker_stream == s.id && current_device() == s.device), "neuron stream ", s.id,
@@ -718,6 +719,9 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   }
   if (saved != nullptr) PyEval_RestoreThread(saved);
   if (!interrupted) reap(s);
+  // A sync is where a program's queues go idle: the launch-stack table can be emptied there (a program that
+  // launches faster than its worker wakes up never finds them idle at a launch).
+  if (!interrupted && tls_worker_stream < 0) maybe_auto_clear_stacks(true);
   if (interrupted) {
     // The KeyboardInterrupt PyErr_CheckSignals set on this thread, saying what it cost: the launches dropped
     // leave their outputs as they were (CUDA's queued work would still run).

@@ -39,6 +39,15 @@ constexpr size_t kChunk = 4096;          // events per chunk
 constexpr size_t kKeptChunks = 16;       // chunks kept across clear() (64k events)
 constexpr size_t kMaxStackDepth = 128;   // innermost frames kept per stack
 constexpr size_t kMaxStacks = 1 << 20;   // distinct stacks; beyond, events get kStackTableFull
+// Every launch interns its Python stack (the launch line of an asynchronous error), and the table holds the
+// stacks' code objects: a session that ran new code again and again (a notebook cell re-run, exec, FX's
+// generated forwards) kept every such code object alive, recording or not (1.3 MB per 1,000 re-run cells of
+// 50 lines), until the table filled at kMaxStacks and launches lost their lines. Once the table has
+// kAutoClearStacks stacks, a launch that finds nothing referencing it -- nothing recording, no recorded event
+// kept, every queue idle -- empties it (clear_stacks); when something does, it tries again kAutoClearRetry
+// stacks later.
+constexpr size_t kAutoClearStacks = 16384;
+constexpr size_t kAutoClearRetry = 1024;
 
 struct Chunk {
   RecorderSlot slots[kChunk];
@@ -127,6 +136,9 @@ struct StackEq {
   }
 };
 struct Stacks {
+  std::atomic<size_t> count{0};  // by_id.size(), read without the lock
+  std::atomic<size_t> next_auto_clear{kAutoClearStacks};
+  std::atomic<uint64_t> auto_clears{0};
   std::mutex mu;
   std::unordered_map<std::vector<StackFrameRef>, int32_t, StackHash, StackEq> ids;
   std::vector<const std::vector<StackFrameRef>*> by_id;  // points at the keys of `ids`
@@ -255,6 +267,7 @@ int32_t capture_stack_locked(PyThreadState* ts, size_t max_depth) {
   key.resize(max_depth);
   key.resize(python_frames(ts, key.data(), max_depth));
   if (key.empty()) return kNoStack;
+  maybe_auto_clear_stacks(/*at_sync=*/false);
   Stacks& st = stacks();
   const uint64_t gen = st.generation.load(std::memory_order_acquire);
   if (gen == last_gen && last_id >= 0 && StackEq{}(key, last_key)) return last_id;
@@ -269,6 +282,7 @@ int32_t capture_stack_locked(PyThreadState* ts, size_t max_depth) {
     id = static_cast<int32_t>(st.by_id.size());
     auto ins = st.ids.emplace(key, id);
     st.by_id.push_back(&ins.first->first);
+    st.count.store(st.by_id.size(), std::memory_order_relaxed);
   }
   last_key = key;
   last_id = id;
@@ -310,6 +324,7 @@ bool clear_stacks() {
     for (const auto* k : st.by_id) old.push_back(*k);
     st.by_id.clear();
     st.ids.clear();
+    st.count.store(0, std::memory_order_relaxed);
     st.generation.fetch_add(1, std::memory_order_acq_rel);
   }
   if (old.empty() || !Py_IsInitialized() || python_finalizing()) return true;
@@ -509,6 +524,24 @@ bool release_stacks_if_unreferenced() {
     if (r.size != 0) return false;
   }
   return clear_stacks();
+}
+void maybe_auto_clear_stacks(bool at_sync) {
+  Stacks& st = stacks();
+  // At a launch the queues are usually busy: a failed try waits kAutoClearRetry stacks. A sync tries each time.
+  const size_t at = at_sync ? kAutoClearStacks : st.next_auto_clear.load(std::memory_order_relaxed);
+  if (st.count.load(std::memory_order_relaxed) < at) return;
+  // A sync inside an op runs without the GIL (torch drops it before dispatch): taken here, as capture_stack does.
+  if (!Py_IsInitialized() || python_finalizing() || PyGILState_GetThisThreadState() == nullptr) return;
+  PyGILState_STATE g = PyGILState_Ensure();
+  const size_t n = st.count.load();
+  const bool cleared = g_recording_flags.load() == 0 && release_stacks_if_unreferenced();
+  st.next_auto_clear.store(cleared ? kAutoClearStacks : n + kAutoClearRetry);
+  if (cleared) st.auto_clears.fetch_add(1, std::memory_order_relaxed);
+  PyGILState_Release(g);
+}
+std::pair<size_t, uint64_t> stack_table_stats() {
+  Stacks& st = stacks();
+  return {st.count.load(), st.auto_clears.load()};
 }
 uint64_t recorder_dropped() { return rec().dropped; }
 std::pair<int64_t, int64_t> recorder_dropped_window() {
