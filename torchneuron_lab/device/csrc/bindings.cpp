@@ -734,10 +734,11 @@ void init_module(py::module& m) {
     recorder_clear();
   });
   m.def("stack_table_stats", [] {
-    const auto st = stack_table_stats();
+    const StackTableStats st = stack_table_stats();
     py::dict d;
-    d["stacks"] = st.first;
-    d["auto_clears"] = st.second;
+    d["stacks"] = st.stacks;
+    d["auto_clears"] = st.auto_clears;
+    d["tries"] = st.tries;
     return d;
   });
   m.def("release_stacks_if_unreferenced", []() {

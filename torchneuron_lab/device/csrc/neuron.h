@@ -169,11 +169,21 @@ struct SiteFrame {
 };
 std::vector<SiteFrame> stack_frames(int32_t id);
 bool release_stacks_if_unreferenced();
-std::pair<size_t, uint64_t> stack_table_stats();  // (interned stacks, automatic clears)
+struct StackTableStats {
+  size_t stacks;        // interned now
+  uint64_t auto_clears; // times maybe_auto_clear_stacks emptied it
+  uint64_t tries;       // times it was large enough to try
+};
+StackTableStats stack_table_stats();
+// The table's generation (bumped by each clear), and the one the calling thread's last captured id belongs to:
+// an id captured before a clear names another stack after it (a launch carries its generation).
+uint64_t stack_generation();
+uint64_t last_capture_generation();
 // Empties the launch-stack table once it is large and nothing references it (recorder.cpp); takes the GIL.
 void maybe_auto_clear_stacks(bool at_sync);
 // Before the stack table is cleared: a pending asynchronous error keeps its launch frames (GIL not held).
 void resolve_pending_error_sites();
+bool queues_look_idle();  // the same, read without locks (a hint: all_queues_idle decides)
 bool all_queues_idle();  // no launch queued or running on any stream of any device
 // Inside a catch block that takes any error of a Meta kernel as its refusal: rethrows a Ctrl-C
 // (KeyboardInterrupt raised while a Python Meta kernel ran), which is the user's, not the kernel's.
@@ -232,6 +242,7 @@ class HostCall {
 struct Launch {
   uint64_t id = 0;             // correlation id (unique per launch)
   int32_t stack = kNoStack;    // the host's Python stack at launch (stack table id)
+  uint64_t stack_gen = 0;      // the table's generation `stack` belongs to (stack_generation())
   uint32_t thread = 0;         // the launching host thread
   int64_t host_start_ns = 0;   // the op call's start on the host
   int64_t host_end_ns = 0;     // when the host enqueued it

@@ -203,7 +203,10 @@ void note_error(StreamQueue& s, const Work& w, const std::string& what, ErrorCla
   e.cls = cls;
   e.name_id = w.launch.name_id;
   e.stream = s.id;
-  e.stack = w.launch.stack;
+  // An id captured before a clear of the stack table (between this launch's capture and its enqueue, by
+  // another thread's sync) names another stack now: the site is unknown rather than wrong. No clear runs
+  // while this kernel's queue is busy, so the check holds until the error's frames are copied.
+  e.stack = (w.launch.stack >= 0 && w.launch.stack_gen == stack_generation()) ? w.launch.stack : kNoStack;
   e.launch = w.launch.id;
   d.error = std::move(e);
 }
@@ -663,7 +666,8 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   }
   if (reached) {
     tls_reaped.clear();
-    if (tls_worker_stream < 0) maybe_auto_clear_stacks(true);
+    // Not inside KeepGilInWaits (torch's generator mutex held): a clear's Py_DECREFs may run Python.
+    if (tls_worker_stream < 0 && tls_keep_gil == 0) maybe_auto_clear_stacks(true);
     return false;
   }
   TORCH_CHECK(!(tls_worker_stream == s.id && current_device() == s.device), "neuron stream ", s.id,
@@ -721,7 +725,7 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
   if (!interrupted) reap(s);
   // A sync is where a program's queues go idle: the launch-stack table can be emptied there (a program that
   // launches faster than its worker wakes up never finds them idle at a launch).
-  if (!interrupted && tls_worker_stream < 0) maybe_auto_clear_stacks(true);
+  if (!interrupted && tls_worker_stream < 0 && tls_keep_gil == 0) maybe_auto_clear_stacks(true);
   if (interrupted) {
     // The KeyboardInterrupt PyErr_CheckSignals set on this thread, saying what it cost: the launches dropped
     // leave their outputs as they were (CUDA's queued work would still run).
@@ -916,7 +920,8 @@ void push_launched_event(EventRecord ev, int64_t start_ns, int64_t end_ns, int s
   ev.host_start_ns = l.host_start_ns;
   ev.host_end_ns = l.host_end_ns;
   ev.correlation = l.id;
-  push_event_from(ev, l.thread, with_stack_enabled() ? l.stack : kNoStack, l.profiler_corr);
+  const bool current = l.stack >= 0 && l.stack_gen == stack_generation();  // see note_error
+  push_event_from(ev, l.thread, with_stack_enabled() && current ? l.stack : kNoStack, l.profiler_corr);
 }
 
 Launch begin_launch(int32_t name_id) {
@@ -928,6 +933,7 @@ Launch begin_launch(int32_t name_id) {
   if (g_recording_flags.load(std::memory_order_relaxed) & kKinetoBit) l.profiler_corr = kineto_correlation();
   l.name_id = name_id;
   l.stack = capture_stack(with_stack_enabled() ? SIZE_MAX : kLaunchSiteDepth);
+  l.stack_gen = last_capture_generation();
   return l;
 }
 
@@ -1076,6 +1082,20 @@ void rethrow_if_interrupt() {
     if (interrupt) throw;
   } catch (...) {
   }
+}
+
+bool queues_look_idle() {
+  // Lock-free and approximate (a stream made meanwhile may be missed): streams are published in id order.
+  for (int dev = 0; dev < kMaxDevices; ++dev) {
+    DeviceQueues* d = g_queues[dev];
+    if (d == nullptr) continue;
+    for (const auto& slot : d->by_id) {
+      const StreamQueue* q = slot.load(std::memory_order_acquire);
+      if (q == nullptr) break;
+      if (q->completed.load(std::memory_order_relaxed) != q->launched.load(std::memory_order_relaxed)) return false;
+    }
+  }
+  return true;
 }
 
 bool all_queues_idle() {

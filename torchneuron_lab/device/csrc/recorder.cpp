@@ -43,9 +43,10 @@ constexpr size_t kMaxStacks = 1 << 20;   // distinct stacks; beyond, events get 
 // stacks' code objects: a session that ran new code again and again (a notebook cell re-run, exec, FX's
 // generated forwards) kept every such code object alive, recording or not (1.3 MB per 1,000 re-run cells of
 // 50 lines), until the table filled at kMaxStacks and launches lost their lines. Once the table has
-// kAutoClearStacks stacks, a launch that finds nothing referencing it -- nothing recording, no recorded event
-// kept, every queue idle -- empties it (clear_stacks); when something does, it tries again kAutoClearRetry
-// stacks later.
+// kAutoClearStacks stacks, a host wait or a launch that finds nothing referencing it -- nothing recording, no
+// recorded event kept, every queue idle -- empties it (clear_stacks); when a recording or kept events do, that
+// side tries again kAutoClearRetry stacks later (a long recording costs a try per 1,024 new stacks, not one per
+// sync); busy queues only pass the try to the next launch or wait.
 constexpr size_t kAutoClearStacks = 16384;
 constexpr size_t kAutoClearRetry = 1024;
 
@@ -137,8 +138,8 @@ struct StackEq {
 };
 struct Stacks {
   std::atomic<size_t> count{0};  // by_id.size(), read without the lock
-  std::atomic<size_t> next_auto_clear{kAutoClearStacks};
-  std::atomic<uint64_t> auto_clears{0};
+  std::atomic<size_t> next_auto_clear[2] = {kAutoClearStacks, kAutoClearStacks};  // [at a launch, at a sync]
+  std::atomic<uint64_t> auto_clears{0}, auto_clear_tries{0};
   std::mutex mu;
   std::unordered_map<std::vector<StackFrameRef>, int32_t, StackHash, StackEq> ids;
   std::vector<const std::vector<StackFrameRef>*> by_id;  // points at the keys of `ids`
@@ -257,7 +258,10 @@ int32_t capture_stack(size_t max_depth) {
   PyGILState_Release(g);
   return id;
 }
+thread_local uint64_t tls_capture_gen = 0;  // the table's generation the last capture's id belongs to
 int32_t capture_stack_locked(PyThreadState* ts, size_t max_depth) {
+  // Before this capture fills its thread-local key: a clear's Py_DECREFs may run Python that launches too.
+  maybe_auto_clear_stacks(/*at_sync=*/false);
   static thread_local std::vector<StackFrameRef> key;
   // A loop launches from the same line again and again: the previous capture's id, without the table's
   // lock and hash (valid while the table has not been cleared since).
@@ -267,11 +271,14 @@ int32_t capture_stack_locked(PyThreadState* ts, size_t max_depth) {
   key.resize(max_depth);
   key.resize(python_frames(ts, key.data(), max_depth));
   if (key.empty()) return kNoStack;
-  maybe_auto_clear_stacks(/*at_sync=*/false);
   Stacks& st = stacks();
   const uint64_t gen = st.generation.load(std::memory_order_acquire);
-  if (gen == last_gen && last_id >= 0 && StackEq{}(key, last_key)) return last_id;
+  if (gen == last_gen && last_id >= 0 && StackEq{}(key, last_key)) {
+    tls_capture_gen = gen;
+    return last_id;
+  }
   std::lock_guard<std::mutex> lock(st.mu);
+  tls_capture_gen = st.generation.load(std::memory_order_relaxed);  // clears bump it under this lock
   auto it = st.ids.find(key);
   int32_t id;
   if (it != st.ids.end()) {
@@ -527,21 +534,37 @@ bool release_stacks_if_unreferenced() {
 }
 void maybe_auto_clear_stacks(bool at_sync) {
   Stacks& st = stacks();
-  // At a launch the queues are usually busy: a failed try waits kAutoClearRetry stacks. A sync tries each time.
-  const size_t at = at_sync ? kAutoClearStacks : st.next_auto_clear.load(std::memory_order_relaxed);
-  if (st.count.load(std::memory_order_relaxed) < at) return;
-  // A sync inside an op runs without the GIL (torch drops it before dispatch): taken here, as capture_stack does.
-  if (!Py_IsInitialized() || python_finalizing() || PyGILState_GetThisThreadState() == nullptr) return;
-  PyGILState_STATE g = PyGILState_Ensure();
-  const size_t n = st.count.load();
-  const bool cleared = g_recording_flags.load() == 0 && release_stacks_if_unreferenced();
-  st.next_auto_clear.store(cleared ? kAutoClearStacks : n + kAutoClearRetry);
-  if (cleared) st.auto_clears.fetch_add(1, std::memory_order_relaxed);
-  PyGILState_Release(g);
+  std::atomic<size_t>& next = st.next_auto_clear[at_sync ? 1 : 0];
+  const size_t n = st.count.load(std::memory_order_relaxed);
+  if (n < next.load(std::memory_order_relaxed)) return;
+  // Busy queues are the usual refusal at a launch (the previous launch still queued) and pass: the next launch
+  // looks again (a lock-free look). A back-off here would make a program that launches twice per step try
+  // only at its second launch, every time, and never clear.
+  if (!queues_look_idle()) return;
+  st.auto_clear_tries.fetch_add(1, std::memory_order_relaxed);
+  bool cleared = false;
+  // The other refusals, without the GIL; a sync inside an op runs without it (torch drops it before
+  // dispatch): taken for the clear only, as capture_stack does.
+  if (g_recording_flags.load() == 0 && all_queues_idle() && Py_IsInitialized() && !python_finalizing() &&
+      PyGILState_GetThisThreadState() != nullptr) {
+    struct Gil {
+      PyGILState_STATE g = PyGILState_Ensure();
+      ~Gil() { PyGILState_Release(g); }
+    } gil;
+    cleared = g_recording_flags.load() == 0 && release_stacks_if_unreferenced();
+  }
+  if (cleared) {
+    for (auto& a : st.next_auto_clear) a.store(kAutoClearStacks, std::memory_order_relaxed);
+    st.auto_clears.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    next.store(n + kAutoClearRetry, std::memory_order_relaxed);
+  }
 }
-std::pair<size_t, uint64_t> stack_table_stats() {
+uint64_t stack_generation() { return stacks().generation.load(std::memory_order_acquire); }
+uint64_t last_capture_generation() { return tls_capture_gen; }
+StackTableStats stack_table_stats() {
   Stacks& st = stacks();
-  return {st.count.load(), st.auto_clears.load()};
+  return {st.count.load(), st.auto_clears.load(), st.auto_clear_tries.load()};
 }
 uint64_t recorder_dropped() { return rec().dropped; }
 std::pair<int64_t, int64_t> recorder_dropped_window() {
