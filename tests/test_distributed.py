@@ -379,9 +379,17 @@ def test_ctrl_c_while_the_ranks_run_kills_every_rank(tmp_path):
 
     driver = tmp_path / "driver.py"
     driver.write_text(
-        "import faulthandler, signal\n"
+        "import faulthandler, signal, sys\n"
         "faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test's view of a hang\n"
-        "import json, sys, time\n"
+        # What the driver inherited, for a hang's report: a SIGINT ignored (SIG_IGN in the test process when it
+        # was spawned: Python then installs no KeyboardInterrupt handler) or blocked (a signal mask is inherited
+        # too). The 2026-12-07 hang's stacks showed the driver still polling 60 s after the SIGINT, no exception
+        # raised. A notebook's kernel delivers Ctrl-C as KeyboardInterrupt: the driver asks for the same.
+        "print('inherited SIGINT', signal.getsignal(signal.SIGINT), 'blocked',\n"
+        "      sorted(int(x) for x in signal.pthread_sigmask(signal.SIG_BLOCK, [])), file=sys.stderr, flush=True)\n"
+        "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])\n"
+        "import json, time\n"
         "from torchneuron_lab.distributed.launch import run_ranks\n"
         "t0 = time.monotonic()\n"
         "try:\n"
