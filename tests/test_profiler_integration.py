@@ -60,6 +60,7 @@ def test_legacy_profiler_times_ops_on_the_device() -> None:
         with torch.autograd.profiler.profile(use_device="neuron") as prof:
             (big @ big).cpu()  # the session's first op carries the profiler's own start-up on the host (13 ms
             #                    once, on another machine): not part of what is measured
+            N._sleep(200)  # the stream is held: the markers and the matmuls run back to back on any machine
             start.record()
             for _ in range(3):
                 big @ big
