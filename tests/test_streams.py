@@ -367,9 +367,9 @@ def test_a_block_is_not_shared_between_streams() -> None:
 
 
 def test_record_stream_defers_reuse_until_the_other_stream_is_done() -> None:
-    # an earlier test's garbage (a frame kept by a caught exception's traceback, in a reference cycle) held
-    # three small tensors; the cyclic collector freed them between `before` and `after` in one run in three
-    # of this file alone (1536 bytes off). The exact deltas below are this test's own.
+    # earlier tests' cyclic garbage held three small blocks (1536 bytes, freed by gc.collect() and by nothing
+    # else): the collector freed them between `before` and `after` in one run in three of this file alone.
+    # The exact deltas below are this test's own.
     gc.collect()
     torch.neuron.synchronize()
     s = torch.neuron.Stream()
