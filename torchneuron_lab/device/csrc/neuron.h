@@ -243,6 +243,9 @@ struct Launch {
   uint64_t id = 0;             // correlation id (unique per launch)
   int32_t stack = kNoStack;    // the host's Python stack at launch (stack table id)
   uint64_t stack_gen = 0;      // the table's generation `stack` belongs to (stack_generation())
+  // `stack`, or kNoStack when the table was cleared since its capture (between the capture and the enqueue, by
+  // another thread's sync): an id from an older generation names another stack, so the site is unknown, not wrong
+  int32_t current_stack() const { return stack >= 0 && stack_gen == stack_generation() ? stack : kNoStack; }
   uint32_t thread = 0;         // the launching host thread
   int64_t host_start_ns = 0;   // the op call's start on the host
   int64_t host_end_ns = 0;     // when the host enqueued it

@@ -203,10 +203,8 @@ void note_error(StreamQueue& s, const Work& w, const std::string& what, ErrorCla
   e.cls = cls;
   e.name_id = w.launch.name_id;
   e.stream = s.id;
-  // An id captured before a clear of the stack table (between this launch's capture and its enqueue, by
-  // another thread's sync) names another stack now: the site is unknown rather than wrong. No clear runs
-  // while this kernel's queue is busy, so the check holds until the error's frames are copied.
-  e.stack = (w.launch.stack >= 0 && w.launch.stack_gen == stack_generation()) ? w.launch.stack : kNoStack;
+  // No clear runs while this kernel's queue is busy, so the id stays valid until the error's frames are copied.
+  e.stack = w.launch.current_stack();
   e.launch = w.launch.id;
   d.error = std::move(e);
 }
@@ -920,8 +918,7 @@ void push_launched_event(EventRecord ev, int64_t start_ns, int64_t end_ns, int s
   ev.host_start_ns = l.host_start_ns;
   ev.host_end_ns = l.host_end_ns;
   ev.correlation = l.id;
-  const bool current = l.stack >= 0 && l.stack_gen == stack_generation();  // see note_error
-  push_event_from(ev, l.thread, with_stack_enabled() && current ? l.stack : kNoStack, l.profiler_corr);
+  push_event_from(ev, l.thread, with_stack_enabled() ? l.current_stack() : kNoStack, l.profiler_corr);
 }
 
 Launch begin_launch(int32_t name_id) {

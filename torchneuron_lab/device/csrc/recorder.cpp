@@ -545,7 +545,8 @@ void maybe_auto_clear_stacks(bool at_sync) {
   bool cleared = false;
   // The other refusals, without the GIL; a sync inside an op runs without it (torch drops it before
   // dispatch): taken for the clear only, as capture_stack does.
-  if (g_recording_flags.load() == 0 && all_queues_idle() && Py_IsInitialized() && !python_finalizing() &&
+  // (clear_stacks checks the queues under their locks)
+  if (g_recording_flags.load() == 0 && Py_IsInitialized() && !python_finalizing() &&
       PyGILState_GetThisThreadState() != nullptr) {
     struct Gil {
       PyGILState_STATE g = PyGILState_Ensure();
