@@ -15,13 +15,23 @@ from typing import Any
 
 from _neuron_child import run_child
 
+# The pools' counts asserted here (a worker and its one helper, pools against CPUs) are those of 2 threads on
+# 2 CPUs, the machine kind this was measured on: each child is pinned to (at most) 2 CPUs before torch loads
+# libgomp, which counts the CPUs it may use once, and runs torch's regions with as many threads as CPUs.
+_PIN = "import os\nos.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])\n"
+_THREADS = "torch.set_num_threads(len(os.sched_getaffinity(0)))\n"
+
 
 def test_the_worker_and_a_launching_host_thread_end_their_idle_openmp_pools() -> None:
     facts = run_child(
-        """
+        _PIN
+        + """
 import os, threading, time
 import torch
 import torchneuron_lab  # noqa: F401
+"""
+        + _THREADS
+        + """
 
 def named(name):
     return sum(1 for t in os.listdir("/proc/self/task")
@@ -72,11 +82,18 @@ emit(facts)
     assert facts["value"]
 
 
-_SPREAD_CHILD = """
+_SPREAD_CHILD = (
+    """
 import os, time
+"""
+    + _PIN
+    + """
 import torch
 import torchneuron_lab  # noqa: F401
 from torchneuron_lab.device._backend import lib
+"""
+    + _THREADS
+    + """
 
 C = lib()
 
@@ -134,6 +151,7 @@ ref = torch.randn(1 << 21)
 facts["equal"] = torch.equal(ref.to("neuron").add(1).sum().cpu(), ref.add(1).sum())
 emit(facts)
 """
+)
 
 
 def test_a_new_worker_pool_has_its_helpers_placed_once_and_their_affinity_given_back() -> None:
