@@ -131,6 +131,7 @@ def test_wait_stream_orders_work_across_streams() -> None:
     s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
     x = torch.zeros(1000, device="neuron")
     x.fill_(1.0), x * 2  # first launches of these signatures (checked on the host)
+    s1.wait_stream(torch.neuron.current_stream())  # x's writes on the default stream (queued once cached) first
     with torch.neuron.stream(s1):
         torch.neuron._sleep(200)
         x.fill_(3.0)
@@ -866,6 +867,7 @@ def test_wait_stream_and_event_destruction_return_without_waiting_for_the_stream
     s = torch.neuron.Stream()
     x = torch.zeros(1 << 16, device="neuron")
     x.add_(1)  # the first launch of a signature runs on the host
+    s.wait_stream(torch.neuron.current_stream())  # x's writes on the default stream (queued once cached) first
     busy(500, s)
     with torch.neuron.stream(s):
         x.add_(1)  # queued behind the sleep on s
