@@ -230,13 +230,16 @@ emit(facts)
 # starved in two 10 ms windows makes one more pool (a sleeping helper of ours), so libgomp throttles the spin;
 # a device the host runs ahead of keeps its spinning helper. The child is pinned to 2 CPUs and 2 threads (the
 # machine this was measured on), so the count of pools against CPUs is the same on any CI machine.
-_THROTTLE_CHILD = """
+_THROTTLE_CHILD = (
+    _PIN
+    + """
 import os, time
-os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 import torch
 import torchneuron_lab  # noqa: F401
 from torchneuron_lab.device._backend import lib
-torch.set_num_threads(2)
+"""
+    + _THREADS
+    + """
 C = lib()
 
 def helper_cpu_ns():
@@ -266,6 +269,7 @@ def host_bound(seconds):
     torch.neuron.synchronize()
     return (helper_cpu_ns() - c0) / (time.perf_counter_ns() - t0), out
 """
+)
 
 
 def _in_fresh_processes(code: str, check: Callable[[dict[str, Any]], None], attempts: int = 3) -> dict[str, Any]:
