@@ -8,6 +8,8 @@ which is the transport the backend uses: equal bit for bit.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from _neuron_child import run_child, run_ranks
 
@@ -32,6 +34,14 @@ def keep(name, *ts):
 for op in ("SUM", "MAX", "MIN", "PRODUCT", "AVG"):
     x = data(33); dist.all_reduce(x, op=getattr(dist.ReduceOp, op)); keep("all_reduce " + op, x)
 x = data(7, dtype=torch.int64); dist.all_reduce(x); keep("all_reduce int64", x)
+try:  # refused by both ranks (Gloo's error, at the call): the collectives after it still pair up
+    dist.all_reduce(data(3), op=dist.ReduceOp.BAND); out["refused BAND"] = None
+except RuntimeError as e:
+    out["refused BAND"] = str(e).splitlines()[0]
+z = torch.view_as_complex(data(4, 2)); dist.reduce(z, dst=0); keep("reduce complex", torch.view_as_real(z))
+o = torch.view_as_complex(torch.empty(3, 2, device=dev))
+dist.reduce_scatter_tensor(o, torch.view_as_complex(data(3 * world, 2)))
+keep("reduce_scatter_tensor complex", torch.view_as_real(o))
 x = data(5, 3).t(); x = x.contiguous(); dist.all_reduce(x); keep("all_reduce 2-D", x)
 x = data(9); dist.broadcast(x, src=1); keep("broadcast", x)
 x = data(9); dist.reduce(x, dst=0); keep("reduce", x)
@@ -73,7 +83,7 @@ def test_every_collective_on_neuron_tensors_equals_gloo_on_cpu_tensors():
         n, c = neuron[rank], cpu[rank]
         assert n.pop("premul_sum") == n.pop("premul_sum expected")
         names = [k for k in c if not k.endswith(" devices")]
-        assert len(names) == 22
+        assert len(names) == 25
         for k in names:
             assert n[k] == c[k], (rank, k)
             if k + " devices" in c:
@@ -83,6 +93,7 @@ def test_every_collective_on_neuron_tensors_equals_gloo_on_cpu_tensors():
     assert neuron[0]["all_reduce SUM"] == neuron[1]["all_reduce SUM"]
     assert neuron[0]["all_gather_object"] == [{"rank": 0}, {"rank": 1}]
     assert neuron[0]["cpu tensor"] == [3.0, 3.0, 3.0]
+    assert neuron[0]["refused BAND"] == "Cannot use ReduceOp.BAND with non-integral dtype"
     assert neuron[0]["send/recv"] != neuron[1]["send/recv"]
 
 
@@ -281,6 +292,85 @@ def test_collective_arguments_are_checked_at_the_call():
     assert facts["bad root"]["error"] in ("ValueError", "RuntimeError")
     assert facts["world of one"] == {"value": [1.0, 1.0]}
     assert facts["barrier"] == {"value": None}
+
+
+REFUSALS = """
+import os, tempfile
+import torch.distributed as dist
+f = os.path.join(tempfile.mkdtemp(), "rdv")
+dist.init_process_group("neuron", init_method="file://" + f, rank=0, world_size=1)
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int16,
+          torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128, torch.complex32, torch.uint16,
+          torch.uint32, torch.uint64, torch.float8_e4m3fn, torch.float8_e5m2]
+OPS = ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "AVG"]
+def t(dt, dev, n=4):
+    return torch.zeros(n, dtype=dt, device=dev)
+REDUCE = {
+    "all_reduce": lambda dt, d, op: dist.all_reduce(t(dt, d), op=op),
+    "all_reduce_coalesced": lambda dt, d, op: dist.all_reduce_coalesced([t(dt, d)], op=op),
+    "reduce": lambda dt, d, op: dist.reduce(t(dt, d), dst=0, op=op),
+    "reduce_scatter": lambda dt, d, op: dist.reduce_scatter(t(dt, d), [t(dt, d)], op=op),
+    "reduce_scatter_tensor": lambda dt, d, op: dist.reduce_scatter_tensor(t(dt, d), t(dt, d), op=op),
+}
+MOVE = {
+    "broadcast": lambda dt, d: dist.broadcast(t(dt, d), src=0),
+    "all_gather": lambda dt, d: dist.all_gather([t(dt, d)], t(dt, d)),
+    "all_gather_into_tensor": lambda dt, d: dist.all_gather_into_tensor(t(dt, d), t(dt, d)),
+    "gather": lambda dt, d: dist.gather(t(dt, d), [t(dt, d)], dst=0),
+    "scatter": lambda dt, d: dist.scatter(t(dt, d), [t(dt, d)], src=0),
+    "all_to_all_single": lambda dt, d: dist.all_to_all_single(t(dt, d), t(dt, d)),
+    "all_to_all": lambda dt, d: dist.all_to_all([t(dt, d)], [t(dt, d)]),
+}
+def run(call, dev):
+    # synchronous calls: a "cpu:gloo" work raises in its wait, inside the call; a neuron refusal must too,
+    # not as the asynchronous error of the next sync
+    def go():
+        call(dev)
+        if dev == "neuron":
+            torch.neuron.synchronize()
+    return outcome(go)
+facts = {}
+for dt in DTYPES:
+    for name, fn in REDUCE.items():
+        for op in OPS:
+            call = lambda d, fn=fn, dt=dt, op=op: fn(dt, d, getattr(dist.ReduceOp, op))
+            facts[f"{name} {op} {dt}"] = [run(call, "cpu"), run(call, "neuron")]
+    for name, fn in MOVE.items():
+        call = lambda d, fn=fn, dt=dt: fn(dt, d)
+        facts[f"{name} {dt}"] = [run(call, "cpu"), run(call, "neuron")]
+x = torch.ones(3, device="neuron")
+dist.all_reduce(x)  # the group is usable after every refusal
+facts["after"] = x.tolist()
+dist.destroy_process_group()
+emit(facts)
+"""
+
+
+def test_gloos_refusals_of_a_dtype_or_reduce_op_are_raised_at_the_call_with_its_message():
+    facts = run_child(REFUSALS, outcomes=True, timeout=300)
+    assert facts.pop("after") == [1.0, 1.0, 1.0]
+    # Gloo's message spells the op as its enum's byte; the backend's names it
+    for key, (cpu, _) in facts.items():
+        if "on complex tensors" in cpu.get("message", ""):
+            cpu["message"] = re.sub(r"support[\x00-\x1f]on", f"support {key.split()[1]} on", cpu["message"])
+    # AVG of complex32: Gloo divides the complex tensor in place, and ATen's CPU kernels have no ComplexHalf
+    # division; the backend averages its float16 view, as NCCL does on CUDA
+    gap = "not implemented for 'ComplexHalf'"
+    cpu_gap = {k for k, (cpu, _) in facts.items() if gap in cpu.get("message", "")}
+    assert cpu_gap == {f"{n} AVG torch.complex32" for n in ("reduce", "reduce_scatter", "reduce_scatter_tensor")}
+    assert all(facts[k][1] == {"value": None} for k in cpu_gap)
+    differ = {k: v for k, v in facts.items() if v[0] != v[1] and k not in cpu_gap}
+    assert not differ, f"{len(differ)} of {len(facts)} differ from a cpu:gloo group's outcome: {differ}"
+    refused = [k for k, (cpu, _) in facts.items() if "error" in cpu]
+    # the classes: a dtype Gloo lacks, bitwise ops on floating dtypes, AVG on integral ones
+    assert "all_gather torch.int16" in refused and "reduce PRODUCT torch.complex64" in refused
+    assert facts["all_reduce BAND torch.float32"][1] == {
+        "error": "RuntimeError", "message": "Cannot use ReduceOp.BAND with non-integral dtype"}
+    assert facts["all_reduce AVG torch.int64"][1] == {
+        "error": "RuntimeError", "message": "result type Float can't be cast to the desired output type Long"}
+    assert facts["broadcast torch.uint16"][1] == {"error": "RuntimeError", "message": "Invalid scalar type"}
+    assert facts["all_reduce SUM torch.bfloat16"][1] == {"value": None}
+    assert 100 < len(refused) < len(facts)
 
 
 @pytest.fixture(scope="module")

@@ -124,6 +124,7 @@ class NeuronBackend : public c10d::Backend {
   }
 
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    check_gloo_reduce(opts.reduceOp, tensors);
     auto h = host_aliases(tensors);
     c10d::AllreduceOptions o = opts;
     auto factor = premul_factor(o.reduceOp);  // in place: the tensors are scaled, then summed
@@ -135,6 +136,7 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr allreduce_coalesced(std::vector<at::Tensor>& tensors,
                               const c10d::AllreduceCoalescedOptions& opts) override {
+    check_gloo_reduce(opts.reduceOp, tensors);
     auto h = host_aliases(tensors);
     c10d::AllreduceCoalescedOptions o = opts;
     auto factor = premul_factor(o.reduceOp);
@@ -145,8 +147,10 @@ class NeuronBackend : public c10d::Backend {
                   });
   }
 
-  WorkPtr reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override {
+  WorkPtr reduce(std::vector<at::Tensor>& given, const c10d::ReduceOptions& opts) override {
     check_root(opts.rootRank, "reduce");
+    std::vector<at::Tensor> tensors = real_views("reduce", opts.reduceOp, given);
+    check_gloo_reduce(opts.reduceOp, tensors);
     auto h = host_aliases(tensors);
     return launch("reduce", OpType::REDUCE, tensors, tensors,
                   [h, opts](c10d::Backend& b) mutable { return b.reduce(h, opts); });
@@ -207,8 +211,12 @@ class NeuronBackend : public c10d::Backend {
                   [ho, hi, opts](c10d::Backend& b) mutable { return b.scatter(ho, hi, opts); });
   }
 
-  WorkPtr reduce_scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+  WorkPtr reduce_scatter(std::vector<at::Tensor>& given_outputs, std::vector<std::vector<at::Tensor>>& given_inputs,
                          const c10d::ReduceScatterOptions& opts) override {
+    std::vector<at::Tensor> outputs = real_views("all_reduce", opts.reduceOp, given_outputs);
+    std::vector<std::vector<at::Tensor>> inputs;
+    for (const auto& v : given_inputs) inputs.push_back(real_views("all_reduce", opts.reduceOp, v));
+    check_gloo_reduce(opts.reduceOp, flatten(inputs));
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     c10d::ReduceScatterOptions o = opts;
@@ -220,8 +228,11 @@ class NeuronBackend : public c10d::Backend {
                   });
   }
 
-  WorkPtr _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+  WorkPtr _reduce_scatter_base(at::Tensor& given_output, at::Tensor& given_input,
                                const c10d::ReduceScatterOptions& opts) override {
+    const std::vector<at::Tensor> real = real_views("all_reduce", opts.reduceOp, {given_output, given_input});
+    at::Tensor output = real[0], input = real[1];
+    check_gloo_reduce(opts.reduceOp, {input});
     TORCH_CHECK(input.numel() == output.numel() * getSize(), "input tensor size must be equal to world_size "
                 "times output tensor size (reduce_scatter_tensor): got ", input.numel(), " and ",
                 output.numel(), " x ", getSize());
@@ -239,6 +250,7 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                           const c10d::ReduceScatterOptions& opts) override {
+    check_gloo_reduce(opts.reduceOp, inputs);
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     c10d::ReduceScatterOptions o = opts;
@@ -372,6 +384,68 @@ class NeuronBackend : public c10d::Backend {
     return out;
   }
 
+  // Gloo's refusals of a dtype or a reduce op, raised at the call as NCCL raises its own (Gloo raises them in
+  // its work, at work.wait(); on a communication stream that would be the asynchronous error of the next sync,
+  // after the program had gone on). The messages are Gloo's (ProcessGroupGloo.cpp, 2.13), so a program sees
+  // the error a "cpu:gloo" group gives it; tests/test_distributed.py compares every dtype and op with Gloo's.
+  static bool gloo_dtype(at::ScalarType t) {
+    switch (t) {
+      case at::kFloat: case at::kDouble: case at::kHalf: case at::kBFloat16: case at::kChar: case at::kByte:
+      case at::kInt: case at::kLong: case at::kBool:
+        return true;
+      default:
+        return false;
+    }
+  }
+  static void check_gloo_dtypes(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
+    for (const auto* v : {&a, &b})
+      for (const auto& t : *v)
+        TORCH_CHECK(!t.defined() || t.is_cpu() || gloo_dtype(t.scalar_type()), "Invalid scalar type");
+  }
+  static void check_gloo_reduce(const c10d::ReduceOp& op, const std::vector<at::Tensor>& tensors) {
+    for (const auto& t : tensors) {
+      if (!t.defined() || t.is_cpu()) continue;  // Gloo's own work: its own errors
+      const at::ScalarType dt = t.scalar_type();
+      TORCH_CHECK(gloo_dtype(dt), "Invalid scalar type");
+      const bool integral = at::isIntegralType(dt, /*includeBool=*/true);
+      const char* bitwise = op.op_ == c10d::ReduceOp::BAND  ? "BAND"
+                            : op.op_ == c10d::ReduceOp::BOR ? "BOR"
+                            : op.op_ == c10d::ReduceOp::BXOR ? "BXOR"
+                                                             : nullptr;
+      TORCH_CHECK(bitwise == nullptr || integral, "Cannot use ReduceOp.", bitwise, " with non-integral dtype");
+      // AVG is a SUM divided in place by the group's size: a true division an integral tensor cannot hold
+      TORCH_CHECK(op.op_ != c10d::ReduceOp::AVG || !integral, "result type Float can't be cast to the desired ",
+                  "output type ", c10::toString(dt));
+    }
+  }
+
+  // Complex tensors of the reduce collectives the Python layer passes as they are (reduce, reduce_scatter,
+  // reduce_scatter_tensor), as Gloo takes them: viewed as real for the ops that allow it (SUM, AVG), refused
+  // for the others (Gloo's message spells the op as its enum's byte; this one names it).
+  static std::vector<at::Tensor> real_views(const char* name, const c10d::ReduceOp& op, std::vector<at::Tensor> ts) {
+    for (auto& t : ts) {
+      if (!t.defined() || t.is_cpu() || !t.is_complex()) continue;
+      TORCH_CHECK(op.op_ == c10d::ReduceOp::SUM || op.op_ == c10d::ReduceOp::AVG, name, " does not support ",
+                  reduce_op_name(op), " on complex tensors");
+      t = at::view_as_real(t);
+    }
+    return ts;
+  }
+  static const char* reduce_op_name(const c10d::ReduceOp& op) {
+    switch (op.op_) {
+      case c10d::ReduceOp::SUM: return "SUM";
+      case c10d::ReduceOp::AVG: return "AVG";
+      case c10d::ReduceOp::PRODUCT: return "PRODUCT";
+      case c10d::ReduceOp::MIN: return "MIN";
+      case c10d::ReduceOp::MAX: return "MAX";
+      case c10d::ReduceOp::BAND: return "BAND";
+      case c10d::ReduceOp::BOR: return "BOR";
+      case c10d::ReduceOp::BXOR: return "BXOR";
+      case c10d::ReduceOp::PREMUL_SUM: return "PREMUL_SUM";
+      default: return "UNUSED";
+    }
+  }
+
   void check_root(int64_t root, const char* op) const {
     TORCH_CHECK_VALUE(root >= 0 && root < getSize(), op, ": invalid root rank ", root, " for a group of ",
                       getSize());
@@ -413,6 +487,7 @@ class NeuronBackend : public c10d::Backend {
                  const std::vector<at::Tensor>& outputs, Body body,
                  std::shared_ptr<std::atomic<int>> source = nullptr, std::optional<P2P> p2p = std::nullopt) {
     const int device = device_of(inputs, outputs, name);
+    if (device >= 0 && !p2p && op != OpType::BARRIER) check_gloo_dtypes(inputs, outputs);
     if (device < 0 && !(inputs.empty() && outputs.empty())) {
       // CPU tensors: Gloo's own work, called on this thread once the group's queued collectives have made their
       // Gloo calls (a host wait), so that the ranks' calls keep the program's order (object collectives too)
