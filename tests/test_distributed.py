@@ -70,6 +70,10 @@ if dev == "neuron":  # NCCL's PREMUL_SUM (Gloo refuses it): each input scaled, t
     a = data(8); expect = a.cpu() * 0.25
     dist.all_reduce(a, op=dist._make_nccl_premul_sum(0.25)); out["premul_sum"] = a.cpu().tolist()
     e = torch.tensor(expect.tolist()); dist.all_reduce(e); out["premul_sum expected"] = e.tolist()
+    r = data(8); given = r.cpu()
+    dist.reduce(r, dst=0, op=dist._make_nccl_premul_sum(0.25)); out["premul reduce"] = r.cpu().tolist()
+    e = given * 0.25; dist.all_reduce(e)  # the root gets the sum of the scaled inputs, the others keep theirs
+    out["premul reduce expected"] = e.tolist() if rank == 0 else given.tolist()
 dist.destroy_process_group()
 print(json.dumps(out))
 """
@@ -82,6 +86,7 @@ def test_every_collective_on_neuron_tensors_equals_gloo_on_cpu_tensors():
     for rank in range(2):
         n, c = neuron[rank], cpu[rank]
         assert n.pop("premul_sum") == n.pop("premul_sum expected")
+        assert n.pop("premul reduce") == n.pop("premul reduce expected")
         names = [k for k in c if not k.endswith(" devices")]
         assert len(names) == 25
         for k in names:
@@ -338,6 +343,22 @@ for dt in DTYPES:
     for name, fn in MOVE.items():
         call = lambda d, fn=fn, dt=dt: fn(dt, d)
         facts[f"{name} {dt}"] = [run(call, "cpu"), run(call, "neuron")]
+# NCCL's PREMUL_SUM, composed by the backend (a cpu:gloo group refuses it): floating tensors, else NCCL's error
+for dt in DTYPES:
+    for name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):
+        def premul(name=name, dt=dt):
+            x = torch.arange(4, device="neuron").to(dt)
+            o = x if name in ("all_reduce", "reduce") else torch.empty_like(x)
+            if name == "reduce_scatter":
+                dist.reduce_scatter(o, [x], op=dist._make_nccl_premul_sum(2.0))
+            elif name == "reduce_scatter_tensor":
+                dist.reduce_scatter_tensor(o, x, op=dist._make_nccl_premul_sum(2.0))
+            elif name == "reduce":
+                dist.reduce(x, dst=0, op=dist._make_nccl_premul_sum(2.0))
+            else:
+                dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0))
+            return torch.view_as_real(o).tolist() if o.is_complex() else o.float().tolist()
+        facts[f"premul {name} {dt}"] = outcome(premul)
 x = torch.ones(3, device="neuron")
 dist.all_reduce(x)  # the group is usable after every refusal
 facts["after"] = x.tolist()
@@ -349,6 +370,7 @@ emit(facts)
 def test_gloos_refusals_of_a_dtype_or_reduce_op_are_raised_at_the_call_with_its_message():
     facts = run_child(REFUSALS, outcomes=True, timeout=300)
     assert facts.pop("after") == [1.0, 1.0, 1.0]
+    premul = {k: facts.pop(k) for k in list(facts) if k.startswith("premul ")}
     # Gloo's message spells the op as its enum's byte; the backend's names it
     for key, (cpu, _) in facts.items():
         if "on complex tensors" in cpu.get("message", ""):
@@ -361,6 +383,16 @@ def test_gloos_refusals_of_a_dtype_or_reduce_op_are_raised_at_the_call_with_its_
     assert all(facts[k][1] == {"value": None} for k in cpu_gap)
     differ = {k: v for k, v in facts.items() if v[0] != v[1] and k not in cpu_gap}
     assert not differ, f"{len(differ)} of {len(facts)} differ from a cpu:gloo group's outcome: {differ}"
+    for k, v in premul.items():
+        dt = k.split()[-1]
+        if dt in ("torch.float32", "torch.float64", "torch.float16", "torch.bfloat16"):
+            assert v == {"value": [0.0, 2.0, 4.0, 6.0]}, k
+        elif dt in ("torch.complex64", "torch.complex128", "torch.complex32"):
+            assert v == {"value": [[0.0, 0.0], [2.0, 0.0], [4.0, 0.0], [6.0, 0.0]]}, k
+        elif dt in ("torch.int8", "torch.uint8", "torch.int32", "torch.int64", "torch.bool"):
+            assert v == {"error": "TypeError", "message": "PreMulSum Data type must be half, float, bfloat16 or double"}, k
+        else:
+            assert v == {"error": "RuntimeError", "message": "Invalid scalar type"}, k
     refused = [k for k, (cpu, _) in facts.items() if "error" in cpu]
     # the classes: a dtype Gloo lacks, bitwise ops on floating dtypes, AVG on integral ones
     assert "all_gather torch.int16" in refused and "reduce PRODUCT torch.complex64" in refused

@@ -152,8 +152,17 @@ class NeuronBackend : public c10d::Backend {
     std::vector<at::Tensor> tensors = real_views("reduce", opts.reduceOp, given);
     check_gloo_reduce(opts.reduceOp, tensors);
     auto h = host_aliases(tensors);
-    return launch("reduce", OpType::REDUCE, tensors, tensors,
-                  [h, opts](c10d::Backend& b) mutable { return b.reduce(h, opts); });
+    c10d::ReduceOptions o = opts;
+    auto factor = premul_factor(o.reduceOp);  // scaled copies reduced, then the root's copied back (NCCL's
+    const bool root = o.rootRank == getRank();  // reduce leaves the other ranks' tensors as they were)
+    return launch("reduce", OpType::REDUCE, tensors, tensors, [h, o, factor, root](c10d::Backend& b) mutable {
+      if (!factor) return b.reduce(h, o);
+      std::vector<at::Tensor> s = scaled(h, factor);
+      WorkPtr w = b.reduce(s, o);
+      w->wait();
+      if (root) h[0].copy_(s[0]);
+      return w;
+    });
   }
 
   WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
@@ -416,6 +425,9 @@ class NeuronBackend : public c10d::Backend {
       // AVG is a SUM divided in place by the group's size: a true division an integral tensor cannot hold
       TORCH_CHECK(op.op_ != c10d::ReduceOp::AVG || !integral, "result type Float can't be cast to the desired ",
                   "output type ", c10::toString(dt));
+      // NCCL's PREMUL_SUM (composed here: Gloo has none) takes floating tensors only, with NCCL's error
+      TORCH_CHECK_TYPE(op.op_ != c10d::ReduceOp::PREMUL_SUM || at::isFloatingType(dt),
+                       "PreMulSum Data type must be half, float, bfloat16 or double");
     }
   }
 
@@ -425,8 +437,9 @@ class NeuronBackend : public c10d::Backend {
   static std::vector<at::Tensor> real_views(const char* name, const c10d::ReduceOp& op, std::vector<at::Tensor> ts) {
     for (auto& t : ts) {
       if (!t.defined() || t.is_cpu() || !t.is_complex()) continue;
-      TORCH_CHECK(op.op_ == c10d::ReduceOp::SUM || op.op_ == c10d::ReduceOp::AVG, name, " does not support ",
-                  reduce_op_name(op), " on complex tensors");
+      TORCH_CHECK(op.op_ == c10d::ReduceOp::SUM || op.op_ == c10d::ReduceOp::AVG ||
+                      op.op_ == c10d::ReduceOp::PREMUL_SUM,  // (a real factor scales each part)
+                  name, " does not support ", reduce_op_name(op), " on complex tensors");
       t = at::view_as_real(t);
     }
     return ts;
