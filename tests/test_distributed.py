@@ -343,6 +343,30 @@ for dt in DTYPES:
     for name, fn in MOVE.items():
         call = lambda d, fn=fn, dt=dt: fn(dt, d)
         facts[f"{name} {dt}"] = [run(call, "cpu"), run(call, "neuron")]
+# arguments Gloo checks when its method is called (list lengths, sizes, types): at the call on neuron too
+def T(d, *shape, dt=torch.float32):
+    return torch.zeros(*shape, dtype=dt, device=d)
+MALFORMED = {
+    "all_gather 2 outputs": lambda d: dist.all_gather([T(d, 4), T(d, 4)], T(d, 4)),
+    "all_gather 0 outputs": lambda d: dist.all_gather([], T(d, 4)),
+    "all_gather size": lambda d: dist.all_gather([T(d, 5)], T(d, 4)),
+    "all_gather_into_tensor dtype": lambda d: dist.all_gather_into_tensor(T(d, 4, dt=torch.float64), T(d, 4)),
+    "gather 2": lambda d: dist.gather(T(d, 4), [T(d, 4), T(d, 4)], dst=0),
+    "gather size": lambda d: dist.gather(T(d, 4), [T(d, 5)], dst=0),
+    "scatter 2": lambda d: dist.scatter(T(d, 4), [T(d, 4), T(d, 4)], src=0),
+    "scatter size": lambda d: dist.scatter(T(d, 4), [T(d, 5)], src=0),
+    "reduce_scatter 2": lambda d: dist.reduce_scatter(T(d, 4), [T(d, 4), T(d, 4)]),
+    "reduce_scatter_tensor dtype": lambda d: dist.reduce_scatter_tensor(T(d, 4), T(d, 4, dt=torch.int64)),
+    "all_to_all_single splits": lambda d: dist.all_to_all_single(T(d, 4), T(d, 4), [3], [4]),
+    "all_to_all_single split count": lambda d: dist.all_to_all_single(T(d, 4), T(d, 4), [4, 0], [4, 0]),
+    "all_to_all 2": lambda d: dist.all_to_all([T(d, 4), T(d, 4)], [T(d, 4), T(d, 4)]),
+    "all_to_all size": lambda d: dist.all_to_all([T(d, 5)], [T(d, 4)]),
+    "all_gather_coalesced size": lambda d: dist.all_gather_coalesced([[T(d, 5)]], [T(d, 4)]),
+    "all_gather_coalesced": lambda d: dist.all_gather_coalesced([[T(d, 4)]], [T(d, 4)]),
+    "all_to_all_single sizes": lambda d: dist.all_to_all_single(T(d, 5), T(d, 4)),
+}
+for name, call in MALFORMED.items():
+    facts[f"malformed {name}"] = [run(call, "cpu"), run(call, "neuron")]
 # NCCL's PREMUL_SUM, composed by the backend (a cpu:gloo group refuses it): floating tensors, else NCCL's error
 for dt in DTYPES:
     for name in ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"):
@@ -371,6 +395,10 @@ def test_gloos_refusals_of_a_dtype_or_reduce_op_are_raised_at_the_call_with_its_
     facts = run_child(REFUSALS, outcomes=True, timeout=300)
     assert facts.pop("after") == [1.0, 1.0, 1.0]
     premul = {k: facts.pop(k) for k in list(facts) if k.startswith("premul ")}
+    # without split sizes, Gloo's own enforce names its source file; the backend's message names the sizes
+    sizes = facts.pop("malformed all_to_all_single sizes")
+    assert sizes[0]["error"] == sizes[1]["error"] == "RuntimeError" and "in->size" in sizes[0]["message"]
+    assert sizes[1]["message"].startswith("all_to_all_single: the input and output tensors must have the same number")
     # Gloo's message spells the op as its enum's byte; the backend's names it
     for key, (cpu, _) in facts.items():
         if "on complex tensors" in cpu.get("message", ""):
@@ -403,6 +431,9 @@ def test_gloos_refusals_of_a_dtype_or_reduce_op_are_raised_at_the_call_with_its_
     assert facts["broadcast torch.uint16"][1] == {"error": "RuntimeError", "message": "Invalid scalar type"}
     assert facts["all_reduce SUM torch.bfloat16"][1] == {"value": None}
     assert 100 < len(refused) < len(facts)
+    malformed = [k for k in facts if k.startswith("malformed ")]
+    assert len(malformed) == 16 and sum("error" in facts[k][0] for k in malformed) == 15
+    assert facts["malformed gather 2"][1]["message"].startswith("ProcessGroupGloo::gather: Incorrect output list size 2")
 
 
 @pytest.fixture(scope="module")

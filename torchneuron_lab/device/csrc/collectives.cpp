@@ -13,6 +13,7 @@
 #include "neuron.h"
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Utils.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/extension.h>
 
@@ -22,6 +23,7 @@
 #include <map>
 #include <thread>
 #include <tuple>
+#include <unordered_set>
 
 namespace tnl {
 namespace {
@@ -118,6 +120,9 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
     check_root(opts.rootRank, "broadcast");
+    if (on_neuron(tensors))
+      gloo_checks(Sig("broadcast").add(tensors).add(opts.rootRank),
+                  [&] { auto m = meta(tensors); host_->broadcast(m, opts); });
     auto h = host_aliases(tensors);
     return launch("broadcast", OpType::BROADCAST, tensors, tensors,
                   [h, opts](c10d::Backend& b) mutable { return b.broadcast(h, opts); });
@@ -125,6 +130,8 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     check_gloo_reduce(opts.reduceOp, tensors);
+    if (on_neuron(tensors)) gloo_checks(Sig("allreduce").add(tensors).add(opts.reduceOp.op_),
+                                        [&] { auto m = meta(tensors); host_->allreduce(m, sum_of(opts)); });
     auto h = host_aliases(tensors);
     c10d::AllreduceOptions o = opts;
     auto factor = premul_factor(o.reduceOp);  // in place: the tensors are scaled, then summed
@@ -137,6 +144,9 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr allreduce_coalesced(std::vector<at::Tensor>& tensors,
                               const c10d::AllreduceCoalescedOptions& opts) override {
     check_gloo_reduce(opts.reduceOp, tensors);
+    if (on_neuron(tensors))
+      gloo_checks(Sig("allreduce_coalesced").add(tensors).add(opts.reduceOp.op_),
+                  [&] { auto m = meta(tensors); host_->allreduce_coalesced(m, sum_of(opts)); });
     auto h = host_aliases(tensors);
     c10d::AllreduceCoalescedOptions o = opts;
     auto factor = premul_factor(o.reduceOp);
@@ -151,6 +161,8 @@ class NeuronBackend : public c10d::Backend {
     check_root(opts.rootRank, "reduce");
     std::vector<at::Tensor> tensors = real_views("reduce", opts.reduceOp, given);
     check_gloo_reduce(opts.reduceOp, tensors);
+    if (on_neuron(tensors)) gloo_checks(Sig("reduce").add(tensors).add(opts.reduceOp.op_).add(opts.rootRank),
+                                        [&] { auto m = meta(tensors); host_->reduce(m, sum_of(opts)); });
     auto h = host_aliases(tensors);
     c10d::ReduceOptions o = opts;
     auto factor = premul_factor(o.reduceOp);  // scaled copies reduced, then the root's copied back (NCCL's
@@ -167,6 +179,9 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                     const c10d::AllgatherOptions& opts) override {
+    if (on_neuron(inputs, flatten(outputs)))
+      gloo_checks(Sig("allgather").add(outputs).add(inputs),
+                  [&] { auto mo = meta(outputs); auto mi = meta(inputs); host_->allgather(mo, mi, opts); });
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("all_gather", OpType::ALLGATHER, inputs, flatten(outputs),
@@ -179,6 +194,9 @@ class NeuronBackend : public c10d::Backend {
                 input.numel(), " x ", getSize());
     TORCH_CHECK(output.scalar_type() == input.scalar_type(),
                 "output tensor must have the same type as input tensor (all_gather_into_tensor)");
+    if (on_neuron({input, output}))  // (after the checks above, which are Gloo's own, with its messages)
+      gloo_checks(Sig("_allgather_base").add(output).add(input),
+                  [&] { auto mo = meta(output); auto mi = meta(input); host_->_allgather_base(mo, mi, opts); });
     at::Tensor ho = host_alias(output), hi = host_alias(input);
     return launch("all_gather_into_tensor", OpType::_ALLGATHER_BASE, {input}, {output},
                   [ho, hi, opts](c10d::Backend& b) mutable { return b._allgather_base(ho, hi, opts); });
@@ -186,6 +204,12 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                               const c10d::AllgatherOptions& opts) override {
+    if (on_neuron(inputs, flatten(outputs)))
+      gloo_checks(Sig("allgather_coalesced").add(outputs).add(inputs), [&] {
+        auto mo = meta(outputs);
+        auto mi = meta(inputs);
+        host_->allgather_coalesced(mo, mi, opts);
+      });
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("all_gather_coalesced", OpType::ALLGATHER_COALESCED, inputs, flatten(outputs),
@@ -205,6 +229,9 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                  const c10d::GatherOptions& opts) override {
     check_root(opts.rootRank, "gather");
+    if (on_neuron(inputs, flatten(outputs)))
+      gloo_checks(Sig("gather").add(outputs).add(inputs).add(opts.rootRank),
+                  [&] { auto mo = meta(outputs); auto mi = meta(inputs); host_->gather(mo, mi, opts); });
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("gather", OpType::GATHER, inputs, flatten(outputs),
@@ -214,6 +241,9 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                   const c10d::ScatterOptions& opts) override {
     check_root(opts.rootRank, "scatter");
+    if (on_neuron(outputs, flatten(inputs)))
+      gloo_checks(Sig("scatter").add(outputs).add(inputs).add(opts.rootRank),
+                  [&] { auto mo = meta(outputs); auto mi = meta(inputs); host_->scatter(mo, mi, opts); });
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("scatter", OpType::SCATTER, flatten(inputs), outputs,
@@ -226,6 +256,12 @@ class NeuronBackend : public c10d::Backend {
     std::vector<std::vector<at::Tensor>> inputs;
     for (const auto& v : given_inputs) inputs.push_back(real_views("all_reduce", opts.reduceOp, v));
     check_gloo_reduce(opts.reduceOp, flatten(inputs));
+    if (on_neuron(outputs, flatten(inputs)))
+      gloo_checks(Sig("reduce_scatter").add(outputs).add(inputs).add(opts.reduceOp.op_), [&] {
+        auto mo = meta(outputs);
+        auto mi = meta(inputs);
+        host_->reduce_scatter(mo, mi, sum_of(opts));
+      });
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     c10d::ReduceScatterOptions o = opts;
@@ -247,6 +283,13 @@ class NeuronBackend : public c10d::Backend {
                 output.numel(), " x ", getSize());
     TORCH_CHECK(output.scalar_type() == input.scalar_type(),
                 "input tensor must be the same type as the output tensor (reduce_scatter_tensor)");
+    if (on_neuron({input, output})) {  // (after the checks above, which are Gloo's own, with its messages)
+      gloo_checks(Sig("_reduce_scatter_base").add(output).add(input).add(opts.reduceOp.op_), [&] {
+        auto mo = meta(output);
+        auto mi = meta(input);
+        host_->_reduce_scatter_base(mo, mi, sum_of(opts));
+      });
+    }
     at::Tensor ho = host_alias(output), hi = host_alias(input);
     c10d::ReduceScatterOptions o = opts;
     auto factor = premul_factor(o.reduceOp);
@@ -273,6 +316,19 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                         std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override {
+    if (on_neuron({input, output})) {
+      gloo_checks(Sig("alltoall_base").add(output).add(input), [&] {
+        auto mo = meta(output);
+        auto mi = meta(input);
+        host_->alltoall_base(mo, mi, output_splits, input_splits, opts);
+      });
+      // Gloo checks the splits in its work (c10d's own check, its messages) and, without splits, equal sizes
+      c10d::checkSplitSizes(input_splits, input, getSize());
+      c10d::checkSplitSizes(output_splits, output, getSize());
+      TORCH_CHECK(!input_splits.empty() || !output_splits.empty() || input.numel() == output.numel(),
+                  "all_to_all_single: the input and output tensors must have the same number of elements when no ",
+                  "split sizes are given, got ", input.numel(), " and ", output.numel());
+    }
     at::Tensor ho = host_alias(output), hi = host_alias(input);
     return launch("all_to_all_single", OpType::ALLTOALL_BASE, {input}, {output},
                   [ho, hi, output_splits, input_splits, opts](c10d::Backend& b) mutable {
@@ -282,6 +338,9 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                    const c10d::AllToAllOptions& opts) override {
+    if (on_neuron(inputs, outputs))
+      gloo_checks(Sig("alltoall").add(outputs).add(inputs),
+                  [&] { auto mo = meta(outputs); auto mi = meta(inputs); host_->alltoall(mo, mi, opts); });
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("all_to_all", OpType::ALLTOALL, inputs, outputs,
@@ -391,6 +450,102 @@ class NeuronBackend : public c10d::Backend {
     std::vector<at::Tensor> out;
     for (const auto& v : vs) out.insert(out.end(), v.begin(), v.end());
     return out;
+  }
+
+  // Gloo's own checks of a collective's arguments (list lengths against the group's size, tensor sizes and
+  // types against each other, roots) are made when its method is called, before it takes a tag: on a
+  // communication stream they would run with the collective, as the asynchronous error of the next sync.
+  // They are run at the call instead, by Gloo itself, on meta stand-ins of the tensors (same sizes, strides,
+  // dtypes): every check passes or raises Gloo's own error, then Gloo refuses the meta device ("unsupported
+  // device type meta") before it takes a tag or touches a peer. torch 2.13's ProcessGroupGloo checks the
+  // device last in every collective method (tests/test_distributed.py compares the errors with a Gloo group's).
+  // A key of everything Gloo's checks read (the collective, its tensors' dtypes, sizes and strides, list
+  // lengths, root, op): a call whose key passed before is not checked again (the checks cost ~10 us, a
+  // training step repeats the same few collectives).
+  struct Sig {
+    std::string s;
+    explicit Sig(const char* name) : s(name) {}
+    Sig& add(int64_t v) {
+      s += '|';
+      s += std::to_string(v);
+      return *this;
+    }
+    Sig& add(c10d::ReduceOp::RedOpType op) { return add(static_cast<int64_t>(op)); }
+    Sig& add(const at::Tensor& t) {
+      s += t.defined() ? "|t" + std::to_string(static_cast<int>(t.scalar_type())) : std::string("|u");
+      if (t.defined()) {
+        for (int64_t v : t.sizes()) add(v);
+        s += '/';
+        for (int64_t v : t.strides()) add(v);
+      }
+      return *this;
+    }
+    Sig& add(const std::vector<at::Tensor>& ts) {
+      s += "|[";
+      for (const auto& t : ts) add(t);
+      s += ']';
+      return *this;
+    }
+    Sig& add(const std::vector<std::vector<at::Tensor>>& vs) {
+      s += "|[";
+      for (const auto& v : vs) add(v);
+      s += ']';
+      return *this;
+    }
+  };
+  template <typename F>
+  void gloo_checks(const Sig& key, F&& call) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (checked_.count(key.s) != 0) return;
+    }
+    gloo_checks_now(std::forward<F>(call));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (checked_.size() >= 4096) checked_.clear();
+    checked_.insert(key.s);
+  }
+  template <typename F>
+  static void gloo_checks_now(F&& call) {
+    try {
+      call();
+    } catch (const c10::Error& e) {
+      // (allgather_coalesced refuses it one step later, where it asks for the device's index)
+      const std::string m = e.what_without_backtrace();
+      if (m.find("unsupported device type meta") != std::string::npos ||
+          m.find("Expected devices to have indices, got meta") != std::string::npos)
+        return;
+      throw;
+    }
+    TORCH_INTERNAL_ASSERT(false, "Gloo accepted meta tensors: its argument checks cannot be run at the call");
+  }
+  static at::Tensor meta(const at::Tensor& t) {
+    if (!t.defined()) return t;
+    return at::empty_strided(t.sizes(), t.strides(), t.options().device(at::kMeta));
+  }
+  static std::vector<at::Tensor> meta(const std::vector<at::Tensor>& ts) {
+    std::vector<at::Tensor> out;
+    out.reserve(ts.size());
+    for (const auto& t : ts) out.push_back(meta(t));
+    return out;
+  }
+  static std::vector<std::vector<at::Tensor>> meta(const std::vector<std::vector<at::Tensor>>& vs) {
+    std::vector<std::vector<at::Tensor>> out;
+    out.reserve(vs.size());
+    for (const auto& v : vs) out.push_back(meta(v));
+    return out;
+  }
+  // The options with NCCL's PREMUL_SUM as Gloo's SUM (the backend composes it), for Gloo's checks.
+  template <typename O>
+  static O sum_of(const O& opts) {
+    O o = opts;
+    if (o.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    return o;
+  }
+  static bool on_neuron(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) {
+    for (const auto* v : {&a, &b})
+      for (const auto& t : *v)
+        if (t.defined() && t.device().type() == kNeuron) return true;
+    return false;
   }
 
   // Gloo's refusals of a dtype or a reduce op, raised at the call as NCCL raises its own (Gloo raises them in
@@ -594,6 +749,7 @@ class NeuronBackend : public c10d::Backend {
 
   HostPtr host_;
   std::mutex mu_;
+  std::unordered_set<std::string> checked_;  // argument signatures Gloo's checks passed (gloo_checks)
   std::array<int, 64> comm_stream_{};
   std::map<std::tuple<int, int, bool>, int> p2p_streams_;
   std::mutex order_mu_;
