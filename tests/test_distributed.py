@@ -364,6 +364,7 @@ MALFORMED = {
     "all_gather_coalesced size": lambda d: dist.all_gather_coalesced([[T(d, 5)]], [T(d, 4)]),
     "all_gather_coalesced": lambda d: dist.all_gather_coalesced([[T(d, 4)]], [T(d, 4)]),
     "all_to_all_single sizes": lambda d: dist.all_to_all_single(T(d, 5), T(d, 4)),
+    "recv from itself": lambda d: dist.recv(T(d, 4), src=0),
 }
 for name, call in MALFORMED.items():
     facts[f"malformed {name}"] = [run(call, "cpu"), run(call, "neuron")]
@@ -396,6 +397,9 @@ def test_gloos_refusals_of_a_dtype_or_reduce_op_are_raised_at_the_call_with_its_
     assert facts.pop("after") == [1.0, 1.0, 1.0]
     premul = {k: facts.pop(k) for k in list(facts) if k.startswith("premul ")}
     # without split sizes, Gloo's own enforce names its source file; the backend's message names the sizes
+    itself = facts.pop("malformed recv from itself")  # Gloo: an enforce naming its source file, at the call
+    assert itself[0]["error"] == itself[1]["error"] == "RuntimeError" and "CONNECTED" in itself[0]["message"]
+    assert itself[1]["message"] == "recv: rank 0 cannot receive from itself"
     sizes = facts.pop("malformed all_to_all_single sizes")
     assert sizes[0]["error"] == sizes[1]["error"] == "RuntimeError" and "in->size" in sizes[0]["message"]
     assert sizes[1]["message"].startswith("all_to_all_single: the input and output tensors must have the same number")

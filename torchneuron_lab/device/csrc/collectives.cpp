@@ -356,6 +356,9 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr recv(std::vector<at::Tensor>& tensors, int src, int tag) override {
     check_peer(src, "recv");
+    // (Gloo has no pair to a rank's self: its receive fails at the call; on a stream it would wait for the
+    // group's timeout and fail at the next sync)
+    TORCH_CHECK(src != getRank() || !on_neuron(tensors), "recv: rank ", src, " cannot receive from itself");
     auto h = host_aliases(tensors);
     return launch("recv", OpType::RECV, {}, tensors,
                   [h, src, tag](c10d::Backend& b) mutable { return b.recv(h, src, tag); }, nullptr, P2P{src, false});
