@@ -326,6 +326,8 @@ MOVE = {
     "all_to_all_single": lambda dt, d: dist.all_to_all_single(t(dt, d), t(dt, d)),
     "all_to_all": lambda dt, d: dist.all_to_all([t(dt, d)], [t(dt, d)]),
 }
+seq = dist.distributed_c10d._get_default_group()._get_backend(torch.device("neuron"))._get_sequence_number_for_group
+taken = []  # Gloo sequence numbers (one per Gloo call, with its tag) each neuron call took: 1, or 0 if refused
 def run(call, dev):
     # synchronous calls: a "cpu:gloo" work raises in its wait, inside the call; a neuron refusal must too,
     # not as the asynchronous error of the next sync
@@ -333,7 +335,12 @@ def run(call, dev):
         call(dev)
         if dev == "neuron":
             torch.neuron.synchronize()
-    return outcome(go)
+    s0 = seq()
+    result = outcome(go)
+    if dev == "neuron":
+        torch.neuron.synchronize()
+        taken.append([seq() - s0, "error" in result])
+    return result
 facts = {}
 for dt in DTYPES:
     for name, fn in REDUCE.items():
@@ -384,6 +391,7 @@ for dt in DTYPES:
                 dist.all_reduce(x, op=dist._make_nccl_premul_sum(2.0))
             return torch.view_as_real(o).tolist() if o.is_complex() else o.float().tolist()
         facts[f"premul {name} {dt}"] = outcome(premul)
+facts["taken"] = taken
 x = torch.ones(3, device="neuron")
 dist.all_reduce(x)  # the group is usable after every refusal
 facts["after"] = x.tolist()
@@ -395,6 +403,11 @@ emit(facts)
 def test_gloos_refusals_of_a_dtype_or_reduce_op_are_raised_at_the_call_with_its_message():
     facts = run_child(REFUSALS, outcomes=True, timeout=300)
     assert facts.pop("after") == [1.0, 1.0, 1.0]
+    # a neuron call that ran took one Gloo tag, as a cpu:gloo call does; a refused one took none: the checks at
+    # the call take no tag (the ranks' tags stay paired, whatever each rank's checks did)
+    taken = facts.pop("taken")
+    assert sorted({(n, refused) for n, refused in taken}) == [(0, True), (1, False)]
+    assert sum(not refused for _, refused in taken) > 300
     premul = {k: facts.pop(k) for k in list(facts) if k.startswith("premul ")}
     # without split sizes, Gloo's own enforce names its source file; the backend's message names the sizes
     itself = facts.pop("malformed recv from itself")  # Gloo: an enforce naming its source file, at the call

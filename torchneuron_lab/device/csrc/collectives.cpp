@@ -204,12 +204,23 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                               const c10d::AllgatherOptions& opts) override {
-    if (on_neuron(inputs, flatten(outputs)))
-      gloo_checks(Sig("allgather_coalesced").add(outputs).add(inputs), [&] {
-        auto mo = meta(outputs);
-        auto mi = meta(inputs);
-        host_->allgather_coalesced(mo, mi, opts);
-      });
+    // Gloo's allgather_coalesced takes a tag before it refuses a device, so its checks are mirrored (its messages)
+    if (on_neuron(inputs, flatten(outputs))) {
+      const std::string what = "ProcessGroupGloo::allgather_coalesced: ";
+      TORCH_CHECK(!inputs.empty(), what, "requires non-empty input tensor list");
+      TORCH_CHECK(outputs.size() == static_cast<size_t>(getSize()), what, "output lists should be equal to world size");
+      for (const auto& list : outputs) {
+        TORCH_CHECK(list.size() == inputs.size(), what, "invalid output size: (expected length ", inputs.size(),
+                    ", got ", list.size(), ")");
+        for (size_t i = 0; i < list.size(); ++i) {
+          TORCH_CHECK(list[i].sizes() == inputs[i].sizes(), what, "invalid size of output tensor at index ", i,
+                      " (expected length ", c10d::toString(inputs[i].sizes()), ", got ",
+                      c10d::toString(list[i].sizes()), ")");
+          TORCH_CHECK(inputs[i].options().type_equal(list[i].options()), what, "invalid tensor type at index ", i,
+                      " (expected ", inputs[i].toString(), ", got ", list[i].toString(), ")");
+        }
+      }
+    }
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("all_gather_coalesced", OpType::ALLGATHER_COALESCED, inputs, flatten(outputs),
@@ -317,12 +328,8 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                         std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override {
     if (on_neuron({input, output})) {
-      gloo_checks(Sig("alltoall_base").add(output).add(input), [&] {
-        auto mo = meta(output);
-        auto mi = meta(input);
-        host_->alltoall_base(mo, mi, output_splits, input_splits, opts);
-      });
-      // Gloo checks the splits in its work (c10d's own check, its messages) and, without splits, equal sizes
+      // (Gloo's alltoall_base takes a tag before it refuses a device: its checks are these, made in its work:
+      // c10d's own check of the splits, its messages, and without splits equal sizes)
       c10d::checkSplitSizes(input_splits, input, getSize());
       c10d::checkSplitSizes(output_splits, output, getSize());
       TORCH_CHECK(!input_splits.empty() || !output_splits.empty() || input.numel() == output.numel(),
@@ -461,7 +468,9 @@ class NeuronBackend : public c10d::Backend {
   // They are run at the call instead, by Gloo itself, on meta stand-ins of the tensors (same sizes, strides,
   // dtypes): every check passes or raises Gloo's own error, then Gloo refuses the meta device ("unsupported
   // device type meta") before it takes a tag or touches a peer. torch 2.13's ProcessGroupGloo checks the
-  // device last in every collective method (tests/test_distributed.py compares the errors with a Gloo group's).
+  // device last, before its tag, in every collective method but allgather_coalesced and alltoall_base (their
+  // checks are mirrored below); tests/test_distributed.py compares the errors with a Gloo group's and checks
+  // that every collective takes exactly one of the group's sequence numbers.
   // A key of everything Gloo's checks read (the collective, its tensors' dtypes, sizes and strides, list
   // lengths, root, op): a call whose key passed before is not checked again (the checks cost ~10 us, a
   // training step repeats the same few collectives).
@@ -512,11 +521,7 @@ class NeuronBackend : public c10d::Backend {
     try {
       call();
     } catch (const c10::Error& e) {
-      // (allgather_coalesced refuses it one step later, where it asks for the device's index)
-      const std::string m = e.what_without_backtrace();
-      if (m.find("unsupported device type meta") != std::string::npos ||
-          m.find("Expected devices to have indices, got meta") != std::string::npos)
-        return;
+      if (std::string(e.what_without_backtrace()).find("unsupported device type meta") != std::string::npos) return;
       throw;
     }
     TORCH_INTERNAL_ASSERT(false, "Gloo accepted meta tensors: its argument checks cannot be run at the call");
