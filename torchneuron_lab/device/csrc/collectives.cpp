@@ -20,6 +20,7 @@
 #include <ATen/core/ivalue.h>
 #include <c10/core/StreamGuard.h>
 
+#include <algorithm>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -120,9 +121,7 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
     check_root(opts.rootRank, "broadcast");
-    if (on_neuron(tensors))
-      gloo_checks(Sig("broadcast").add(tensors).add(opts.rootRank),
-                  [&] { auto m = meta(tensors); host_->broadcast(m, opts); });
+    gloo_checks("broadcast", {opts.rootRank}, [&](auto& m) { host_->broadcast(m, opts); }, tensors);
     auto h = host_aliases(tensors);
     return launch("broadcast", OpType::BROADCAST, tensors, tensors,
                   [h, opts](c10d::Backend& b) mutable { return b.broadcast(h, opts); });
@@ -130,8 +129,7 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
     check_gloo_reduce(opts.reduceOp, tensors);
-    if (on_neuron(tensors)) gloo_checks(Sig("allreduce").add(tensors).add(opts.reduceOp.op_),
-                                        [&] { auto m = meta(tensors); host_->allreduce(m, sum_of(opts)); });
+    gloo_checks("allreduce", {op_code(opts.reduceOp)}, [&](auto& m) { host_->allreduce(m, sum_of(opts)); }, tensors);
     auto h = host_aliases(tensors);
     c10d::AllreduceOptions o = opts;
     auto factor = premul_factor(o.reduceOp);  // in place: the tensors are scaled, then summed
@@ -144,9 +142,8 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr allreduce_coalesced(std::vector<at::Tensor>& tensors,
                               const c10d::AllreduceCoalescedOptions& opts) override {
     check_gloo_reduce(opts.reduceOp, tensors);
-    if (on_neuron(tensors))
-      gloo_checks(Sig("allreduce_coalesced").add(tensors).add(opts.reduceOp.op_),
-                  [&] { auto m = meta(tensors); host_->allreduce_coalesced(m, sum_of(opts)); });
+    gloo_checks("allreduce_coalesced", {op_code(opts.reduceOp)},
+                [&](auto& m) { host_->allreduce_coalesced(m, sum_of(opts)); }, tensors);
     auto h = host_aliases(tensors);
     c10d::AllreduceCoalescedOptions o = opts;
     auto factor = premul_factor(o.reduceOp);
@@ -161,8 +158,8 @@ class NeuronBackend : public c10d::Backend {
     check_root(opts.rootRank, "reduce");
     std::vector<at::Tensor> tensors = real_views("reduce", opts.reduceOp, given);
     check_gloo_reduce(opts.reduceOp, tensors);
-    if (on_neuron(tensors)) gloo_checks(Sig("reduce").add(tensors).add(opts.reduceOp.op_).add(opts.rootRank),
-                                        [&] { auto m = meta(tensors); host_->reduce(m, sum_of(opts)); });
+    gloo_checks("reduce", {op_code(opts.reduceOp), opts.rootRank}, [&](auto& m) { host_->reduce(m, sum_of(opts)); },
+                tensors);
     auto h = host_aliases(tensors);
     c10d::ReduceOptions o = opts;
     auto factor = premul_factor(o.reduceOp);  // scaled copies reduced, then the root's copied back (NCCL's
@@ -179,9 +176,7 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr allgather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                     const c10d::AllgatherOptions& opts) override {
-    if (on_neuron(inputs, flatten(outputs)))
-      gloo_checks(Sig("allgather").add(outputs).add(inputs),
-                  [&] { auto mo = meta(outputs); auto mi = meta(inputs); host_->allgather(mo, mi, opts); });
+    gloo_checks("allgather", {}, [&](auto& o, auto& i) { host_->allgather(o, i, opts); }, outputs, inputs);
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("all_gather", OpType::ALLGATHER, inputs, flatten(outputs),
@@ -194,9 +189,8 @@ class NeuronBackend : public c10d::Backend {
                 input.numel(), " x ", getSize());
     TORCH_CHECK(output.scalar_type() == input.scalar_type(),
                 "output tensor must have the same type as input tensor (all_gather_into_tensor)");
-    if (on_neuron({input, output}))  // (after the checks above, which are Gloo's own, with its messages)
-      gloo_checks(Sig("_allgather_base").add(output).add(input),
-                  [&] { auto mo = meta(output); auto mi = meta(input); host_->_allgather_base(mo, mi, opts); });
+    // (after the checks above, which are Gloo's own, with its messages)
+    gloo_checks("_allgather_base", {}, [&](auto& o, auto& i) { host_->_allgather_base(o, i, opts); }, output, input);
     at::Tensor ho = host_alias(output), hi = host_alias(input);
     return launch("all_gather_into_tensor", OpType::_ALLGATHER_BASE, {input}, {output},
                   [ho, hi, opts](c10d::Backend& b) mutable { return b._allgather_base(ho, hi, opts); });
@@ -205,7 +199,7 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                               const c10d::AllgatherOptions& opts) override {
     // Gloo's allgather_coalesced takes a tag before it refuses a device, so its checks are mirrored (its messages)
-    if (on_neuron(inputs, flatten(outputs))) {
+    if (neuron_in(inputs) || neuron_in(outputs)) {
       const std::string what = "ProcessGroupGloo::allgather_coalesced: ";
       TORCH_CHECK(!inputs.empty(), what, "requires non-empty input tensor list");
       TORCH_CHECK(outputs.size() == static_cast<size_t>(getSize()), what, "output lists should be equal to world size");
@@ -240,9 +234,7 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                  const c10d::GatherOptions& opts) override {
     check_root(opts.rootRank, "gather");
-    if (on_neuron(inputs, flatten(outputs)))
-      gloo_checks(Sig("gather").add(outputs).add(inputs).add(opts.rootRank),
-                  [&] { auto mo = meta(outputs); auto mi = meta(inputs); host_->gather(mo, mi, opts); });
+    gloo_checks("gather", {opts.rootRank}, [&](auto& o, auto& i) { host_->gather(o, i, opts); }, outputs, inputs);
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("gather", OpType::GATHER, inputs, flatten(outputs),
@@ -252,9 +244,7 @@ class NeuronBackend : public c10d::Backend {
   WorkPtr scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                   const c10d::ScatterOptions& opts) override {
     check_root(opts.rootRank, "scatter");
-    if (on_neuron(outputs, flatten(inputs)))
-      gloo_checks(Sig("scatter").add(outputs).add(inputs).add(opts.rootRank),
-                  [&] { auto mo = meta(outputs); auto mi = meta(inputs); host_->scatter(mo, mi, opts); });
+    gloo_checks("scatter", {opts.rootRank}, [&](auto& o, auto& i) { host_->scatter(o, i, opts); }, outputs, inputs);
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("scatter", OpType::SCATTER, flatten(inputs), outputs,
@@ -267,12 +257,8 @@ class NeuronBackend : public c10d::Backend {
     std::vector<std::vector<at::Tensor>> inputs;
     for (const auto& v : given_inputs) inputs.push_back(real_views("all_reduce", opts.reduceOp, v));
     check_gloo_reduce(opts.reduceOp, flatten(inputs));
-    if (on_neuron(outputs, flatten(inputs)))
-      gloo_checks(Sig("reduce_scatter").add(outputs).add(inputs).add(opts.reduceOp.op_), [&] {
-        auto mo = meta(outputs);
-        auto mi = meta(inputs);
-        host_->reduce_scatter(mo, mi, sum_of(opts));
-      });
+    gloo_checks("reduce_scatter", {op_code(opts.reduceOp)},
+                [&](auto& o, auto& i) { host_->reduce_scatter(o, i, sum_of(opts)); }, outputs, inputs);
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     c10d::ReduceScatterOptions o = opts;
@@ -294,13 +280,9 @@ class NeuronBackend : public c10d::Backend {
                 output.numel(), " x ", getSize());
     TORCH_CHECK(output.scalar_type() == input.scalar_type(),
                 "input tensor must be the same type as the output tensor (reduce_scatter_tensor)");
-    if (on_neuron({input, output})) {  // (after the checks above, which are Gloo's own, with its messages)
-      gloo_checks(Sig("_reduce_scatter_base").add(output).add(input).add(opts.reduceOp.op_), [&] {
-        auto mo = meta(output);
-        auto mi = meta(input);
-        host_->_reduce_scatter_base(mo, mi, sum_of(opts));
-      });
-    }
+    // (after the checks above, which are Gloo's own, with its messages)
+    gloo_checks("_reduce_scatter_base", {op_code(opts.reduceOp)},
+                [&](auto& o, auto& i) { host_->_reduce_scatter_base(o, i, sum_of(opts)); }, output, input);
     at::Tensor ho = host_alias(output), hi = host_alias(input);
     c10d::ReduceScatterOptions o = opts;
     auto factor = premul_factor(o.reduceOp);
@@ -327,7 +309,7 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr alltoall_base(at::Tensor& output, at::Tensor& input, std::vector<int64_t>& output_splits,
                         std::vector<int64_t>& input_splits, const c10d::AllToAllOptions& opts) override {
-    if (on_neuron({input, output})) {
+    if (neuron_in(input) || neuron_in(output)) {
       // (Gloo's alltoall_base takes a tag before it refuses a device: its checks are these, made in its work:
       // c10d's own check of the splits, its messages, and without splits equal sizes)
       c10d::checkSplitSizes(input_splits, input, getSize());
@@ -345,9 +327,7 @@ class NeuronBackend : public c10d::Backend {
 
   WorkPtr alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                    const c10d::AllToAllOptions& opts) override {
-    if (on_neuron(inputs, outputs))
-      gloo_checks(Sig("alltoall").add(outputs).add(inputs),
-                  [&] { auto mo = meta(outputs); auto mi = meta(inputs); host_->alltoall(mo, mi, opts); });
+    gloo_checks("alltoall", {}, [&](auto& o, auto& i) { host_->alltoall(o, i, opts); }, outputs, inputs);
     auto ho = host_aliases(outputs);
     auto hi = host_aliases(inputs);
     return launch("all_to_all", OpType::ALLTOALL, inputs, outputs,
@@ -365,7 +345,7 @@ class NeuronBackend : public c10d::Backend {
     check_peer(src, "recv");
     // (Gloo has no pair to a rank's self: its receive fails at the call; on a stream it would wait for the
     // group's timeout and fail at the next sync)
-    TORCH_CHECK(src != getRank() || !on_neuron(tensors), "recv: rank ", src, " cannot receive from itself");
+    TORCH_CHECK(src != getRank() || !neuron_in(tensors), "recv: rank ", src, " cannot receive from itself");
     auto h = host_aliases(tensors);
     return launch("recv", OpType::RECV, {}, tensors,
                   [h, src, tag](c10d::Backend& b) mutable { return b.recv(h, src, tag); }, nullptr, P2P{src, false});
@@ -482,7 +462,6 @@ class NeuronBackend : public c10d::Backend {
       s += std::to_string(v);
       return *this;
     }
-    Sig& add(c10d::ReduceOp::RedOpType op) { return add(static_cast<int64_t>(op)); }
     Sig& add(const at::Tensor& t) {
       s += t.defined() ? "|t" + std::to_string(static_cast<int>(t.scalar_type())) : std::string("|u");
       if (t.defined()) {
@@ -505,26 +484,27 @@ class NeuronBackend : public c10d::Backend {
       return *this;
     }
   };
-  template <typename F>
-  void gloo_checks(const Sig& key, F&& call) {
+  // `call` (Gloo's method) on meta stand-ins of `tensors`, unless none is on neuron or the same key passed.
+  template <typename F, typename... T>
+  void gloo_checks(const char* name, std::initializer_list<int64_t> extra, const F& call, const T&... tensors) {
+    if (!(neuron_in(tensors) || ...)) return;  // CPU tensors: Gloo's own work makes its own checks
+    Sig key(name);
+    (key.add(tensors), ...);
+    for (int64_t v : extra) key.add(v);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (checked_.count(key.s) != 0) return;
     }
-    gloo_checks_now(std::forward<F>(call));
+    auto metas = std::make_tuple(meta(tensors)...);
+    try {
+      std::apply(call, metas);
+      TORCH_INTERNAL_ASSERT(false, "Gloo accepted meta tensors: its argument checks cannot be run at the call");
+    } catch (const c10::Error& e) {
+      if (std::string(e.what_without_backtrace()).find("unsupported device type meta") == std::string::npos) throw;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     if (checked_.size() >= 4096) checked_.clear();
     checked_.insert(key.s);
-  }
-  template <typename F>
-  static void gloo_checks_now(F&& call) {
-    try {
-      call();
-    } catch (const c10::Error& e) {
-      if (std::string(e.what_without_backtrace()).find("unsupported device type meta") != std::string::npos) return;
-      throw;
-    }
-    TORCH_INTERNAL_ASSERT(false, "Gloo accepted meta tensors: its argument checks cannot be run at the call");
   }
   static at::Tensor meta(const at::Tensor& t) {
     if (!t.defined()) return t;
@@ -549,12 +529,14 @@ class NeuronBackend : public c10d::Backend {
     if (o.reduceOp.op_ == c10d::ReduceOp::PREMUL_SUM) o.reduceOp = c10d::ReduceOp(c10d::ReduceOp::SUM);
     return o;
   }
-  static bool on_neuron(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b = {}) {
-    for (const auto* v : {&a, &b})
-      for (const auto& t : *v)
-        if (t.defined() && t.device().type() == kNeuron) return true;
-    return false;
+  static bool neuron_in(const at::Tensor& t) { return t.defined() && t.device().type() == kNeuron; }
+  static bool neuron_in(const std::vector<at::Tensor>& ts) {
+    return std::any_of(ts.begin(), ts.end(), [](const at::Tensor& t) { return neuron_in(t); });
   }
+  static bool neuron_in(const std::vector<std::vector<at::Tensor>>& vs) {
+    return std::any_of(vs.begin(), vs.end(), [](const std::vector<at::Tensor>& v) { return neuron_in(v); });
+  }
+  static int64_t op_code(const c10d::ReduceOp& op) { return static_cast<int64_t>(op.op_); }
 
   // Gloo's refusals of a dtype or a reduce op, raised at the call as NCCL raises its own (Gloo raises them in
   // its work, at work.wait(); on a communication stream that would be the asynchronous error of the next sync,
