@@ -195,6 +195,26 @@ out["mul_after"] = [e.start_ns >= coll[0].end_ns for e in events if e.name.start
 out["syncs"] = [(e.name, (e.end_ns - e.start_ns) / 1e9) for e in events if e.kind == "sync"]
 out["launch_line"] = [f.line for f in coll[0].stack if f.filename.endswith("rank.py")][-1:]
 out["backend"] = str(dist.get_backend_config())
+# The work's future, as ProcessGroupNCCL's: completed at the call (the communication stream current), a then()
+# callback run at once on a pool stream that waits for the collective on the device; the caller's stream and
+# the host wait only where the program waits for the future's value.
+dist.barrier()
+if rank == 1:
+    time.sleep(0.8)
+z = torch.ones(8, device="neuron")
+t3 = time.perf_counter()
+fut = dist.all_reduce(z, async_op=True).get_future()
+out["future_done_at_call"] = fut.done()
+def callback(f):
+    out["callback_stream"] = torch.neuron.current_stream().stream_id
+    return f.value()[0] * 3
+tripled = fut.then(callback)
+out["caller_stream_after_then"] = torch.neuron.current_stream().stream_id
+out["caller_stream_result"] = sorted(set((torch.ones(8, device="neuron") + 1).cpu().tolist()))
+t4 = time.perf_counter()
+out["tripled"] = sorted(set(tripled.wait().cpu().tolist()))
+t5 = time.perf_counter()
+out["caller_s"], out["future_s"] = t4 - t3, t5 - t3
 dist.destroy_process_group()
 print(json.dumps(out))
 """
@@ -215,6 +235,13 @@ def test_a_collective_is_queued_on_the_communication_stream_and_the_host_does_no
     assert any(name.startswith("sync") and s >= 0.3 for name, s in r0["syncs"]), r0["syncs"]
     launch_line = ASYNC.splitlines().index("dist.all_reduce(x)  # LAUNCH LINE") + 1
     assert r0["launch_line"] == [launch_line]
+    # the future: completed at the call; its callback on a stream of the pool, neither the caller's nor the
+    # communication stream; the caller's stream did not wait for the late rank, the future's value did
+    assert r0["future_done_at_call"] is True
+    assert r0["callback_stream"] not in (r0["default_stream"], r0["comm_stream"])
+    assert r0["caller_stream_after_then"] == r0["default_stream"]
+    assert r0["caller_stream_result"] == [2.0] and r0["tripled"] == r1["tripled"] == [6.0]
+    assert r0["caller_s"] < 0.3 <= r0["future_s"], r0
 
 
 FAILURE = """
