@@ -262,6 +262,77 @@ def test_printing_a_tensor_waits_for_it() -> None:
     assert "2., 2., 2." in repr(x)
 
 
+def test_sync_debug_mode_warns_or_raises_at_the_synchronizing_operations_cuda_checks() -> None:
+    """torch.cuda.set_sync_debug_mode's counterpart (PyTorch's test_sync_warning): "warn" issues a UserWarning
+    naming the operation at the caller's line; "error" raises before the operation waits or copies."""
+    import warnings
+
+    x = torch.arange(6.0, device="neuron")
+    pinned = torch.empty(6, pin_memory=True)
+    true = torch.tensor(True, device="neuron")
+    assert torch.neuron.get_sync_debug_mode() == 0
+
+    def warned(fn) -> list[tuple[str, str]]:
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            fn()
+        return [(str(w.message), Path(w.filename).name) for w in got]
+
+    def says(op: str) -> list[tuple[str, str]]:
+        return [(f"called a synchronizing neuron operation ({op})", Path(__file__).name)]
+
+    try:
+        assert warned(lambda: x.sum().item()) == []  # off by default
+        torch.neuron.set_sync_debug_mode("warn")
+        assert torch.neuron.get_sync_debug_mode() == 1
+        assert warned(lambda: x.sum().item()) == says("item()")
+        assert warned(lambda: x.nonzero()) == says("aten::nonzero")
+        assert warned(lambda: x.cpu()) == says("device→host copy")
+        assert warned(lambda: torch.ones(3).to("neuron")) == says("host→device copy")
+        assert warned(lambda: torch.neuron.current_stream().synchronize()) == says("Stream.synchronize()")
+        # what CUDA's mode does not check: launches, copies with non_blocking=True, the explicit device and
+        # event synchronisations, an _assert_async (the emulator runs it on the host; CUDA's does not wait)
+        ev = torch.neuron.Event()
+
+        def quiet() -> None:
+            y = x * 2 + 1
+            y.copy_(x)
+            pinned.copy_(x, non_blocking=True)
+            torch.ones(6).to("neuron", non_blocking=True)
+            ev.record()
+            ev.synchronize()
+            torch._assert_async(true)
+            torch.neuron.synchronize()
+
+        assert warned(quiet) == []
+        assert pinned.tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]  # (a CPU tensor: no warning)
+
+        torch.neuron.set_sync_debug_mode(2)
+        assert torch.neuron.get_sync_debug_mode() == 2
+        with pytest.raises(RuntimeError, match=r"called a synchronizing neuron operation \(item\(\)\)"):
+            x.sum().item()
+        # raised before the wait and before the copy: a busy stream is not waited for, the host tensor keeps
+        # its contents
+        dst = torch.zeros(6)
+        busy(300)
+        t0 = time.perf_counter()
+        with pytest.raises(RuntimeError, match=r"\(device→host copy\)"):
+            dst.copy_(x)
+        with pytest.raises(RuntimeError, match=r"\(aten::nonzero\)"):
+            x.nonzero()
+        assert time.perf_counter() - t0 < 0.2
+        with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+            torch.neuron.set_sync_debug_mode("loud")
+        with pytest.raises(RuntimeError, match="invalid value of debug_mode"):
+            torch.neuron.set_sync_debug_mode(3)
+        assert torch.neuron.get_sync_debug_mode() == 2
+    finally:
+        torch.neuron.set_sync_debug_mode("default")
+    torch.neuron.synchronize()
+    assert dst.tolist() == [0.0] * 6  # never written
+    assert x.nonzero().flatten().tolist() == [1, 2, 3, 4, 5]  # the device is usable
+
+
 # --------------------------------------------------------------------------- asynchronous errors
 
 

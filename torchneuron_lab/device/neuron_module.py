@@ -71,6 +71,7 @@ __all__ = [
     "get_per_process_memory_fraction",
     "get_rng_state",
     "get_rng_state_all",
+    "get_sync_debug_mode",
     "host_memory_stats",
     "host_memory_stats_as_nested_dict",
     "init",
@@ -105,6 +106,7 @@ __all__ = [
     "set_rng_state",
     "set_rng_state_all",
     "set_stream",
+    "set_sync_debug_mode",
     "stream",
     "synchronize",
 ]
@@ -200,6 +202,33 @@ class device_of(device):
 
     def __init__(self, obj: torch.Tensor) -> None:
         super().__init__(obj.get_device() if obj.device.type == "neuron" else None)
+
+
+_SYNC_DEBUG_MODES = {"default": 0, "warn": 1, "error": 2}
+
+
+def set_sync_debug_mode(debug_mode: int | str) -> None:
+    """Warn or raise at the program's synchronizing operations, as ``torch.cuda.set_sync_debug_mode``.
+
+    ``"default"`` or 0: nothing; ``"warn"`` or 1: a ``UserWarning`` "called a synchronizing neuron operation
+    (...)" naming the operation, at the line that called it; ``"error"`` or 2: a ``RuntimeError`` with that
+    message, raised before the operation waits or copies anything. Checked where CUDA checks: ``item()``
+    (``tolist()``, printing a tensor), a copy between host and device with ``non_blocking=False`` (``.cpu()``,
+    ``.to("neuron")``), an op whose result's shape or value depends on the data (``nonzero``, ``unique``,
+    ``masked_select``, ...: the recorder's syncs), and ``Stream.synchronize()``. Not checked: the explicit
+    ``torch.neuron.synchronize()`` and ``Event.synchronize()``, collectives, and the waits the emulator makes for
+    itself (ops it runs on the host), none of which CUDA's mode checks either.
+    """
+    if isinstance(debug_mode, str):
+        if debug_mode not in _SYNC_DEBUG_MODES:
+            raise RuntimeError("invalid value of debug_mode, expected one of `default`, `warn`, `error`")
+        debug_mode = _SYNC_DEBUG_MODES[debug_mode]
+    _lib().set_sync_debug_mode(int(debug_mode))
+
+
+def get_sync_debug_mode() -> int:
+    """The current mode of :func:`set_sync_debug_mode`: 0 (default), 1 (warn) or 2 (error)."""
+    return int(_lib().sync_debug_mode())
 
 
 def synchronize(device: _DeviceLike = None) -> None:

@@ -596,7 +596,12 @@ void init_module(py::module& m) {
     check_device_index(d);
     synchronize_device(d, "sync: torch.neuron.synchronize()");
   });
-  m.def("synchronize_stream", [](int d, int s) { synchronize_stream(d, s, "sync: Stream.synchronize()"); });
+  m.def("synchronize_stream", [](int d, int s) {
+    warn_or_error_on_sync("sync: Stream.synchronize()");
+    synchronize_stream(d, s, "sync: Stream.synchronize()");
+  });
+  m.def("sync_debug_mode", &sync_debug_mode);
+  m.def("set_sync_debug_mode", &set_sync_debug_mode);
   m.def("launch_blocking", &launch_blocking);
   m.def("set_launch_blocking", &set_launch_blocking);
   m.def("set_host_cpu_settings", &set_host_cpu_settings, py::arg("threads"), py::arg("flush_denormal"));

@@ -91,6 +91,7 @@ struct NeuronGuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return stream_idle(s.device_index(), static_cast<int>(s.id()));
   }
   void synchronizeStream(const c10::Stream& s) const override {
+    warn_or_error_on_sync("sync: Stream.synchronize()");  // as CUDAStream::synchronize (not Event's, not the device's)
     synchronize_stream(s.device_index(), static_cast<int>(s.id()), "sync: Stream.synchronize()");
   }
   void synchronizeEvent(void* event) const override {

@@ -1833,6 +1833,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
       count_path(kHostWait);
       // only a sync op (a data-dependent shape, a value) is a synchronisation point that reports a queued
       // kernel's error; the others wait because the emulator runs them on the host (CUDA does not sync there)
+      // (_assert_async is on the emulator's host path, but CUDA's does not synchronise)
+      if (meta.sync && meta.name.rfind("aten::_assert_async", 0) != 0) warn_or_error_on_sync(("sync: " + meta.name).c_str());
       synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(),
                          /*record_always=*/meta.sync || !async_ok, /*raise_errors=*/meta.sync);
     }
@@ -2194,6 +2196,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (cross) enqueue_stream_wait(src_dev, src_stream, dev, dst_stream, pos);
     return dst;
   }
+  // CUDA's copies between host and device with non_blocking=False (memcpy_and_sync) are its sync debug mode's
+  // too; a copy synchronous here only under launch blocking or into pageable memory, or between devices, is not
+  if (worker_stream() < 0 && (dir == Direction::D2H || dir == Direction::H2D) && !non_blocking)
+    warn_or_error_on_sync(dir == Direction::D2H ? "sync: device→host copy" : "sync: host→device copy");
   if (worker_stream() < 0)
     synchronize_stream(dev, current_stream(dev), dir == Direction::D2H ? "sync: device→host copy" : dir == Direction::H2D
                                                                             ? "sync: host→device copy"
@@ -2322,7 +2328,10 @@ at::Tensor& set_empty(at::Tensor& self) {
 at::Scalar local_scalar_dense(const at::Tensor& self) {
   check_not_in_bad_fork();
   const int d = self.device().index();
-  if (worker_stream() < 0) synchronize_stream(d, current_stream(d), "sync: item()");
+  if (worker_stream() < 0) {
+    warn_or_error_on_sync("sync: item()");
+    synchronize_stream(d, current_stream(d), "sync: item()");
+  }
   const bool rec = recording();
   const int64_t t0 = rec ? now_ns() : 0;
   at::Scalar r = at::_local_scalar_dense(cpu_alias(self));

@@ -315,6 +315,13 @@ void synchronize_stream(int device, int stream, const char* what, bool record_al
                         bool raise_errors = true);
 void wait_position_quiet(int device, int stream, uint64_t pos);  // no record, no async error raised
 void synchronize_device(int device, const char* what);
+// torch.cuda.set_sync_debug_mode's modes: 0 off (default), 1 warn, 2 error. `warn_or_error_on_sync(what)` is
+// called by the program's synchronizing operations CUDA checks (item(), a blocking copy between host and device,
+// an op with a data-dependent result, Stream.synchronize()) before they wait or copy: in mode 1 it issues a
+// warning, in mode 2 it raises, "called a synchronizing neuron operation (...)". Not on a device worker.
+int sync_debug_mode();
+void set_sync_debug_mode(int mode);
+void warn_or_error_on_sync(const char* what);
 void synchronize_all(const char* what);
 // Waits for every queued kernel of every device, recording nothing and raising nothing (reading the
 // recorder, interpreter exit). GIL released while waiting.

@@ -1148,6 +1148,24 @@ void synchronize_stream(int device, int stream, const char* what, bool record_al
   wait_position(device, stream, pos, what, record_always, raise_errors);
 }
 
+std::atomic<int> g_sync_debug_mode{0};
+int sync_debug_mode() { return g_sync_debug_mode.load(std::memory_order_relaxed); }
+void set_sync_debug_mode(int mode) {
+  TORCH_CHECK(mode >= 0 && mode <= 2, "invalid value of debug_mode, expected one of `default`, `warn`, `error`");
+  g_sync_debug_mode.store(mode, std::memory_order_relaxed);
+}
+void warn_or_error_on_sync(const char* what) {
+  const int mode = g_sync_debug_mode.load(std::memory_order_relaxed);
+  if (C10_LIKELY(mode == 0) || tls_worker_stream >= 0) return;
+  std::string op = what;
+  if (op.rfind("sync: ", 0) == 0) op = op.substr(6);
+  const std::string msg = "called a synchronizing neuron operation (" + op + ")";
+  TORCH_CHECK(mode != 2, msg);
+  // no C++ file: torch's Python handler then issues the message alone, at the calling Python line (TORCH_WARN
+  // appends this file's line to the message)
+  c10::warn(c10::Warning(c10::UserWarning(), {__func__, nullptr, 0}, msg, false));
+}
+
 void synchronize_device(int device, const char* what) {
   check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   DeviceQueues& d = queues_of(device);
