@@ -241,11 +241,18 @@ def test_autocast_bans_binary_cross_entropy_and_runs_norm_in_float32() -> None:
             assert (x @ x).dtype == torch.float32
 
 
-def test_sparse_embedding_bag_gradient_names_the_limitation() -> None:
-    eb = torch.nn.EmbeddingBag(10, 3, sparse=True).to("neuron")
-    with pytest.raises(NotImplementedError, match="neuron tensors must be dense and strided.*_embedding_bag_backward"):
-        eb(torch.tensor([[1, 2]], device="neuron")).sum().backward()
-    assert (torch.ones(2, device="neuron") + 1).tolist() == [2.0, 2.0]  # usable after
+def test_sparse_embedding_bag_gradient_is_a_sparse_neuron_tensor_equal_to_cpus() -> None:
+    grads = []
+    for dev in ("cpu", "neuron"):
+        torch.manual_seed(0)
+        eb = torch.nn.EmbeddingBag(10, 3, sparse=True).to(dev)
+        eb(torch.tensor([[1, 2], [2, 7]], device=dev)).pow(2).sum().backward()
+        grads.append(eb.weight.grad)
+    cpu, neuron = grads
+    assert neuron.layout == torch.sparse_coo and neuron.device == torch.device("neuron:0")
+    assert neuron._values().device == neuron._indices().device == torch.device("neuron:0")
+    assert torch.equal(neuron._indices().cpu(), cpu._indices()) and torch.equal(neuron._values().cpu(), cpu._values())
+    assert torch.equal(neuron.to_dense().cpu(), cpu.to_dense())
 
 
 def test_a_child_forked_while_kernels_are_queued_raises_at_once_instead_of_waiting_for_them() -> None:

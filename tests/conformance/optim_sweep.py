@@ -8,7 +8,8 @@ from a fixed seed, three ``step(closure)`` calls where the closure computes
 ``sum((p - target)**2 * scale)`` and its backward (a closure works for every optimizer, LBFGS
 included); the losses returned by ``step`` and the parameters and optimizer state after each step
 are compared with CPU's (rtol 1e-5, atol 1e-6). CPU raising (e.g. a configuration CPU does not
-support, such as ``capturable`` or sparse-only optimizers) makes the entry a skip.
+support, such as ``capturable``) makes the entry a skip. SparseAdam, which takes sparse gradients only, gets
+the same gradients as sparse COO tensors (on the device too).
 
     python -m tests.conformance.optim_sweep --device neuron --report /tmp/optim_neuron
 """
@@ -68,10 +69,15 @@ def _run(info: Any, oi: Any, impl: str, device: str) -> list:
     opt = info.optim_cls(params, **kwargs)
     trace: list = []
 
+    sparse_grads = info.optim_cls.__name__ == "SparseAdam"  # it takes sparse gradients only (an embedding's)
+
     def closure() -> torch.Tensor:
         opt.zero_grad()
         loss = sum(((p - t) ** 2 * s).sum() for p, t, s in zip(params, targets, scales))
         loss.backward()
+        if sparse_grads:
+            for p in params:
+                p.grad = p.grad.to_sparse()
         return loss
 
     for _ in range(3):

@@ -173,11 +173,14 @@ facts = {
     # the one path left open: empty_like dispatches on the CPU tensor alone; the first op raises
     "empty_like_csr": outcome(made(lambda: torch.empty_like(torch.eye(3).to_sparse_csr(), device="neuron"))),
     "empty_like_csr_then_use": outcome(lambda: torch.empty_like(torch.eye(3).to_sparse_csr(), device="neuron").to_dense()),
-    # sparse COO and quantized
+    # sparse COO: supported (made on neuron, its dense form CPU's)
     "coo_to": outcome(made(lambda: torch.eye(3).to_sparse().to("neuron"))),
     "coo_factory": outcome(made(lambda: torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,), device="neuron"))),
     "empty_coo": outcome(made(lambda: torch.empty(3, layout=torch.sparse_coo, device="neuron"))),
     "to_sparse_on_neuron": outcome(made(lambda: torch.eye(3, device="neuron").to_sparse())),
+    "coo_dense_values": outcome(lambda: [torch.eye(3, device="neuron").to_sparse().to_dense().tolist(),
+                                         torch.sparse_coo_tensor([[0, 1]], [1.0, 2.0], (3,), device="neuron").to_dense().tolist()]),
+    # quantized
     "quantized_to": outcome(made(lambda: q.to("neuron"))),
     "quantize_on_neuron": outcome(made(lambda: torch.quantize_per_tensor(torch.ones(3, device="neuron"), 0.1, 0, torch.qint8))),
     # what works stays working: dense neuron, and sparse compressed on the CPU
@@ -199,8 +202,9 @@ COMPRESSED = "sparse compressed (CSR/CSC/BSR/BSC)"
 
 
 def test_non_strided_layouts_raise_one_clear_error_at_the_boundary() -> None:
-    """Each entry point that would make a sparse (COO or compressed) or quantized tensor on neuron raises the
-    same NotImplementedError itself, naming the op; nothing is returned that a later op would reject."""
+    """Each entry point that would make a sparse compressed or quantized tensor on neuron raises the same
+    NotImplementedError itself, naming the op; nothing is returned that a later op would reject. Sparse COO
+    tensors are supported: each entry point makes one."""
     facts = run_child(LAYOUTS, outcomes=True)
     expected = {
         "csr_to": ("aten::_to_copy", COMPRESSED),
@@ -225,10 +229,6 @@ def test_non_strided_layouts_raise_one_clear_error_at_the_boundary() -> None:
         "to_sparse_csc_layout_on_neuron": ("aten::_to_sparse", COMPRESSED),
         "to_sparse_bsr_on_neuron": ("aten::_to_sparse_bsr", COMPRESSED),
         "empty_like_csr_then_use": ("aten::_to_dense", COMPRESSED),
-        "coo_to": ("aten::_sparse_coo_tensor_with_dims_and_tensors", "sparse"),
-        "coo_factory": ("aten::_sparse_coo_tensor_with_dims_and_tensors", "sparse"),
-        "empty_coo": ("aten::empty.memory_format", "sparse"),
-        "to_sparse_on_neuron": ("aten::_to_sparse", "sparse"),
         "quantized_to": ("aten::empty_quantized", "quantized"),
         "quantize_on_neuron": ("aten::quantize_per_tensor", "quantized"),
     }
@@ -236,6 +236,9 @@ def test_non_strided_layouts_raise_one_clear_error_at_the_boundary() -> None:
         assert facts[name] == {"error": "NotImplementedError", "message": UNSUPPORTED.format(op=op, what=what)}, (
             name, facts[name])
     assert facts["empty_like_csr"] == {"value": "torch.sparse_csr on neuron:0"}  # README: stays open
+    for name in ("coo_to", "coo_factory", "empty_coo", "to_sparse_on_neuron"):
+        assert facts[name] == {"value": "torch.sparse_coo on neuron:0"}, (name, facts[name])
+    assert facts["coo_dense_values"] == {"value": [[[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], [1.0, 2.0, 0.0]]}
     assert facts["dense_still_fine"] == {"value": [[2.0, 0.0], [0.0, 2.0]]}
     assert facts["dense_factories_fine"] == {"value": [[0.0, 0.0], 2]}
     assert facts["cpu_csr_still_fine"] == {"value": [0.0, 1.0, 2.0]}

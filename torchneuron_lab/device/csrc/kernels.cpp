@@ -14,6 +14,7 @@
 #include "neuron.h"
 
 #include <ATen/MemoryOverlap.h>
+#include <ATen/SparseTensorImpl.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -24,6 +25,24 @@
 #include <ATen/native/Resize.h>
 #include <ATen/native/TensorFactories.h>
 #include <ATen/ops/_efficientzerotensor_native.h>
+#include <ATen/ops/clone_native.h>
+#include <ATen/ops/copy_native.h>
+#include <ATen/ops/copy_sparse_to_sparse_native.h>
+#include <ATen/ops/zero_native.h>
+#include <ATen/ops/empty_native.h>
+#include <ATen/ops/sparse_resize_and_clear_native.h>
+#include <ATen/ops/sparse_resize_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_native.h>
+#include <ATen/ops/_sparse_coo_tensor_with_dims_and_tensors_native.h>
+#include <ATen/ops/_coalesced_native.h>
+#include <ATen/ops/values_native.h>
+#include <ATen/ops/indices_native.h>
+#include <ATen/ops/_values_native.h>
+#include <ATen/ops/_indices_native.h>
+#include <ATen/ops/is_coalesced_native.h>
+#include <ATen/ops/dense_dim_native.h>
+#include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/_nnz_native.h>
 #include <ATen/ops/add_cpu_dispatch.h>
 #include <ATen/ops/div_cpu_dispatch.h>
 #include <ATen/ops/mul_cpu_dispatch.h>
@@ -1662,6 +1681,229 @@ bool touches_no_device_bytes(const CallState& cs) {
   return true;
 }
 
+// Writes back in-place / out= arguments whose storage or geometry a host kernel changed (on their CPU aliases).
+void write_back_writable(CallState& cs) {
+  c10::SmallVector<c10::StorageImpl*, 4> storages_done;  // aliases may share one CPU storage
+  for (auto& in : cs.ins) {
+    if (!in.writable) continue;
+    c10::TensorImpl* a = in.alias.unsafeGetTensorImpl();
+    c10::TensorImpl* o = in.original.unsafeGetTensorImpl();
+    c10::StorageImpl* as = a->storage().unsafeGetStorageImpl();
+    const bool done = std::find(storages_done.begin(), storages_done.end(), as) != storages_done.end();
+    if (as == in.alias_storage && !done &&
+        (as->data_ptr().get() != in.data || as->nbytes() != in.nbytes)) {
+      storages_done.push_back(as);
+      c10::StorageImpl* ns = o->storage().unsafeGetStorageImpl();
+      if (is_neuron_data_ptr(as->data_ptr())) {
+        c10::DataPtr dp = as->set_data_ptr(c10::DataPtr());
+        dp.unsafe_set_device(c10::Device(kNeuron, cs.device));
+        ns->set_data_ptr_noswap(std::move(dp));
+      } else if (as->nbytes() == 0) {
+        ns->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(kNeuron, cs.device)));
+      }
+      ns->set_nbytes(as->nbytes());
+    } else if (as != in.alias_storage) {
+      for (auto& other : cs.ins) {
+        if (other.alias_storage == as) {
+          o->set_storage_keep_dtype(other.original.storage());
+          break;
+        }
+      }
+    }
+    if (a->sizes() != o->sizes() || a->strides() != o->strides() ||
+        a->storage_offset() != o->storage_offset())
+      o->set_sizes_and_strides(a->sizes(), a->strides(), a->storage_offset());
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Sparse COO tensors (README.md "Sparse COO tensors")
+//
+// A sparse COO neuron tensor is a SparseTensorImpl (key SparsePrivateUse1) whose indices and values are dense
+// neuron tensors, as a CUDA one holds CUDA tensors. Its metadata, constructors, resizes, zero_, copies and
+// clones are ATen's device-generic kernels, registered for SparsePrivateUse1 below (they only move member
+// tensors, whose ops are ordinary neuron launches). Every other op on it (coalesce, to_dense, arithmetic,
+// sparse matmuls, reductions, the sparse gradients of embeddings) runs on the host as CPU runs it: after a wait
+// for the current stream, the op's CPU kernel runs on SparseCPU twins whose indices and values are zero-copy
+// CPU aliases of the neuron members; a sparse result becomes a sparse neuron tensor over the memory the kernel
+// allocated (device blocks, through the redirect), and a sparse argument the op changed in place (add_, mul_,
+// resize, an out=) gets the twin's new members, sizes and coalesced flag.
+
+at::SparseTensorImpl* sparse_impl(const at::Tensor& t) {
+  return static_cast<at::SparseTensorImpl*>(t.unsafeGetTensorImpl());
+}
+
+// A sparse COO tensor with `key` over the given members (no copy, no checks: they come from a COO tensor).
+at::Tensor assemble_coo(c10::DispatchKey key, int64_t sparse_dim, int64_t dense_dim, c10::IntArrayRef sizes,
+                        const at::Tensor& indices, const at::Tensor& values, bool coalesced) {
+  std::optional<c10::DeviceGuard> guard;
+  if (values.device().type() == kNeuron && current_device() != values.device().index())
+    guard.emplace(values.device());
+  at::Tensor t = at::detail::make_tensor<at::SparseTensorImpl>(c10::DispatchKeySet(key), values.dtype());
+  at::SparseTensorImpl* impl = sparse_impl(t);
+  impl->raw_resize_(sparse_dim, dense_dim, sizes);
+  impl->set_indices_and_values_unsafe(indices, values);
+  impl->set_coalesced(coalesced);
+  return t;
+}
+
+struct SparseTwin {
+  at::Tensor original;  // the neuron tensor
+  at::Tensor host;      // its SparseCPU twin
+  c10::TensorImpl* indices;  // the twin's members as made
+  c10::TensorImpl* values;
+};
+
+at::Tensor coo_to_host(CallState& cs, std::vector<SparseTwin>& twins, const at::Tensor& t) {
+  for (const auto& tw : twins)
+    if (tw.original.unsafeGetTensorImpl() == t.unsafeGetTensorImpl()) return tw.host;
+  at::SparseTensorImpl* impl = sparse_impl(t);
+  at::Tensor idx = alias_in(cs, impl->indices(), /*writable=*/true);
+  at::Tensor val = alias_in(cs, impl->values(), /*writable=*/true);
+  at::Tensor host = assemble_coo(c10::DispatchKey::SparseCPU, impl->sparse_dim(), impl->dense_dim(), t.sizes(), idx,
+                                 val, impl->coalesced());
+  twins.push_back({t, host, idx.unsafeGetTensorImpl(), val.unsafeGetTensorImpl()});
+  return host;
+}
+
+// A SparseCPU result of a host kernel as a sparse neuron tensor: an argument's twin returns the argument, with
+// what the kernel changed written back; a new one gets neuron members (an argument member's alias maps back to
+// that member, memory the kernel allocated is adopted).
+at::Tensor coo_from_host(CallState& cs, std::vector<SparseTwin>& twins, const at::Tensor& r) {
+  at::SparseTensorImpl* ri = sparse_impl(r);
+  for (auto& tw : twins) {
+    if (tw.host.unsafeGetTensorImpl() != r.unsafeGetTensorImpl()) continue;
+    at::SparseTensorImpl* oi = sparse_impl(tw.original);
+    if (ri->indices().unsafeGetTensorImpl() != tw.indices || ri->values().unsafeGetTensorImpl() != tw.values ||
+        ri->sizes() != oi->sizes() || ri->sparse_dim() != oi->sparse_dim() || ri->dense_dim() != oi->dense_dim()) {
+      at::Tensor idx = map_back(cs, ri->indices());
+      at::Tensor val = map_back(cs, ri->values());
+      std::optional<c10::DeviceGuard> guard;
+      if (current_device() != cs.device) guard.emplace(c10::Device(kNeuron, cs.device));
+      oi->raw_resize_(ri->sparse_dim(), ri->dense_dim(), ri->sizes());
+      oi->set_indices_and_values_unsafe(idx, val);
+      tw.indices = ri->indices().unsafeGetTensorImpl();  // written back once, if returned twice
+      tw.values = ri->values().unsafeGetTensorImpl();
+    }
+    oi->set_coalesced(ri->coalesced());
+    return tw.original;
+  }
+  return assemble_coo(c10::DispatchKey::SparsePrivateUse1, ri->sparse_dim(), ri->dense_dim(), r.sizes(),
+                      map_back(cs, ri->indices()), map_back(cs, ri->values()), ri->coalesced());
+}
+
+void coo_twins_written_back(CallState& cs, std::vector<SparseTwin>& twins) {
+  for (auto& tw : twins) (void)coo_from_host(cs, twins, tw.host);
+}
+
+}  // namespace
+
+// Runs an op whose arguments hold sparse COO neuron tensors (or that makes one from dense neuron tensors:
+// `_to_sparse`) on the host, as CPU runs it (above).
+void sparse_host_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
+  check_not_in_bad_fork();
+  adopt_host_cpu_settings();
+  const OpMeta& meta = op_meta(op);
+  const auto& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  const bool rec = recording();
+  CallState cs;
+  std::vector<SparseTwin> twins;
+  std::string foreign_dev, foreign_arg;  // a tensor on another device (CPU scalars aside): CUDA's error
+  auto convert = [&](const at::Tensor& t, size_t argi) -> at::Tensor {
+    if (!t.defined()) return t;
+    if (t.device().type() != kNeuron) {
+      if (foreign_dev.empty() && !(t.is_cpu() && t.dim() == 0 && t.layout() == c10::kStrided)) {
+        foreign_dev = t.device().str();
+        foreign_arg = schema.arguments()[argi].name();
+      }
+      return t;
+    }
+    const int d = t.device().index();
+    if (cs.device < 0) cs.device = d;
+    else if (d != cs.device)
+      device_mismatch("neuron:" + std::to_string(cs.device), "neuron:" + std::to_string(d),
+                      schema.arguments()[argi].name(), meta.name);
+    if (t.layout() == c10::kSparse) return coo_to_host(cs, twins, t);
+    if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested()) unsupported_layout(t, meta.name);
+    return alias_in(cs, t, /*writable=*/true);
+  };
+  for (size_t i = 0; i < nargs; ++i) {
+    c10::IValue& v = (*stack)[base + i];
+    if (v.isTensor()) {
+      v = convert(v.toTensor(), i);
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(convert(t, i));
+      v = std::move(out);
+    } else if (v.isOptionalTensorList()) {
+      c10::List<std::optional<at::Tensor>> out;
+      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
+        out.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(convert(*t, i)) : std::nullopt);
+      v = std::move(out);
+    } else if (v.isDevice() && v.toDevice().type() == kNeuron) {
+      if (cs.device < 0) cs.device = v.toDevice().has_index() ? v.toDevice().index() : current_device();
+      v = c10::IValue(c10::Device(c10::kCPU));
+    } else if (v.isGenerator() && v.toGenerator().device().type() == kNeuron) {
+      TORCH_CHECK_NOT_IMPLEMENTED(false, meta.name, " on sparse neuron tensors does not take a neuron Generator "
+                                  "(its kernel runs on the host with the CPU generator)");
+    }
+  }
+  if (!foreign_dev.empty() && (!cs.ins.empty() || !twins.empty()))
+    device_mismatch("neuron:" + std::to_string(cs.device), foreign_dev, foreign_arg, meta.name);
+  if (cs.device < 0) cs.device = current_device();
+  check_device_index(cs.device);
+  // the host reads and writes the members: what the current stream launched before must have run
+  synchronize_stream(cs.device, current_stream(cs.device), ("sync: " + meta.name).c_str(), /*record_always=*/false,
+                     /*raise_errors=*/false);
+  const int64_t t0 = rec ? now_ns() : 0;
+  try {
+    std::optional<c10::DeviceGuard> guard;
+    if (current_device() != cs.device) guard.emplace(c10::Device(kNeuron, cs.device));
+    RedirectGuard redirect(cs.device);
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    at::RecordFunctionGuard no_op_events(false);
+    op.callBoxed(stack);  // CPU's kernels (SparseCPU, CPU, BackendSelect for a factory's layout)
+  } catch (c10::Error& e) {
+    end_host_thread_pool();
+    e.add_context("while running " + meta.name + " on sparse neuron tensors (emulated NeuronCore, host kernels)");
+    throw;
+  }
+  const int64_t t1 = rec ? now_ns() : 0;
+  end_host_thread_pool();
+  write_back_writable(cs);
+  coo_twins_written_back(cs, twins);
+  auto back = [&](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || !t.is_cpu()) return t;
+    if (t.layout() == c10::kSparse) return coo_from_host(cs, twins, t);
+    if (t.layout() != c10::kStrided || t.is_quantized() || t.is_nested()) unsupported_layout(t, meta.name);
+    return map_back(cs, t);
+  };
+  const size_t nret = schema.returns().size();
+  const size_t rbase = stack->size() - nret;
+  for (size_t i = 0; i < nret; ++i) {
+    c10::IValue& v = (*stack)[rbase + i];
+    if (v.isTensor()) {
+      v = back(v.toTensor());
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> out;
+      for (const at::Tensor& t : v.toTensorList()) out.push_back(back(t));
+      v = std::move(out);
+    }
+  }
+  if (rec) {
+    EventRecord ev;
+    fill_kernel_fields(ev, meta, cs.device, false, 0, 0);
+    ev.start_ns = t0;
+    ev.end_ns = t1;
+    ev.stream = current_stream(cs.device);
+    push_event(ev);
+  }
+}
+
+namespace {
+
 void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, torch::jit::Stack* stack) {
   check_not_in_bad_fork();
   adopt_host_cpu_settings();  // a kernel this thread runs on the host (an autograd thread's too)
@@ -1896,39 +2138,7 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   }
 
   // write back in-place / out= arguments whose storage or geometry the kernel changed
-  if (meta.any_write) {
-    c10::SmallVector<c10::StorageImpl*, 4> storages_done;  // aliases may share one CPU storage
-    for (auto& in : cs.ins) {
-      if (!in.writable) continue;
-      c10::TensorImpl* a = in.alias.unsafeGetTensorImpl();
-      c10::TensorImpl* o = in.original.unsafeGetTensorImpl();
-      c10::StorageImpl* as = a->storage().unsafeGetStorageImpl();
-      const bool done = std::find(storages_done.begin(), storages_done.end(), as) != storages_done.end();
-      if (as == in.alias_storage && !done &&
-          (as->data_ptr().get() != in.data || as->nbytes() != in.nbytes)) {
-        storages_done.push_back(as);
-        c10::StorageImpl* ns = o->storage().unsafeGetStorageImpl();
-        if (is_neuron_data_ptr(as->data_ptr())) {
-          c10::DataPtr dp = as->set_data_ptr(c10::DataPtr());
-          dp.unsafe_set_device(c10::Device(kNeuron, cs.device));
-          ns->set_data_ptr_noswap(std::move(dp));
-        } else if (as->nbytes() == 0) {
-          ns->set_data_ptr_noswap(c10::DataPtr(nullptr, c10::Device(kNeuron, cs.device)));
-        }
-        ns->set_nbytes(as->nbytes());
-      } else if (as != in.alias_storage) {
-        for (auto& other : cs.ins) {
-          if (other.alias_storage == as) {
-            o->set_storage_keep_dtype(other.original.storage());
-            break;
-          }
-        }
-      }
-      if (a->sizes() != o->sizes() || a->strides() != o->strides() ||
-          a->storage_offset() != o->storage_offset())
-        o->set_sizes_and_strides(a->sizes(), a->strides(), a->storage_offset());
-    }
-  }
+  if (meta.any_write) write_back_writable(cs);
 
   int64_t bytes_written = 0;
   at::Tensor out0;
@@ -1936,6 +2146,10 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     if (!t.defined() || cs.cpu_outputs || !t.is_cpu()) return t;
     // a nested tensor reports the strided layout: a CPU kernel that makes one from dense neuron tensors
     // (nn.TransformerEncoder's eval fast path: _nested_tensor_from_mask) raised c10's internal error
+    if (t.layout() == c10::kSparse) {  // a sparse gradient (embedding_bag's): members adopted as device tensors
+      std::vector<SparseTwin> none;
+      return coo_from_host(cs, none, t);
+    }
     if (t.layout() != at::kStrided || t.is_quantized() || t.is_nested()) unsupported_layout(t, meta.name);
     bool is_input = false;
     at::Tensor r = map_back(cs, t, &is_input);
@@ -2887,9 +3101,55 @@ void unsupported_layout_fallback(const c10::OperatorHandle& op, c10::DispatchKey
   const auto& s = op.schema();
   unsupported_layout_named(what, s.overload_name().empty() ? s.name() : s.name() + "." + s.overload_name());
 }
+// Sparse COO (see "Sparse COO tensors" above): ATen's device-generic kernels for the metadata, constructors and
+// member moves; every other op on the host through sparse_host_fallback, including (registered op by op, at
+// load) each op with a SparseCPU kernel that also has a composite one, which would outrank a backend fallback.
 TORCH_LIBRARY_IMPL(_, SparsePrivateUse1, m) {
-  m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&sparse_host_fallback>());
 }
+TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
+  m.impl("_nnz", TORCH_FN(at::native::_nnz_sparse));
+  m.impl("sparse_dim", TORCH_FN(at::native::sparse_dim_sparse));
+  m.impl("dense_dim", TORCH_FN(at::native::dense_dim_sparse));
+  m.impl("is_coalesced", TORCH_FN(at::native::is_coalesced_sparse));
+  m.impl("_indices", TORCH_FN(at::native::_indices_sparse));
+  m.impl("_values", TORCH_FN(at::native::_values_sparse));
+  m.impl("indices", TORCH_FN(at::native::indices_sparse));
+  m.impl("values", TORCH_FN(at::native::values_sparse));
+  m.impl("_coalesced_", TORCH_FN(at::native::_coalesced_sparse_));
+  m.impl("_sparse_coo_tensor_with_dims_and_tensors", TORCH_FN(at::native::new_with_dims_and_tensor_sparse_symint));
+  m.impl("_sparse_coo_tensor_with_dims", TORCH_FN(at::native::new_with_dims_sparse));
+  m.impl("sparse_resize_", TORCH_FN(at::native::sparse_resize_));
+  m.impl("sparse_resize_and_clear_", TORCH_FN(at::native::sparse_resize_and_clear_));
+  m.impl("empty.memory_format", TORCH_FN(at::native::empty_sparse_symint));
+  m.impl("zero_", TORCH_FN(at::native::zero_sparse_));
+  m.impl("copy_sparse_to_sparse_", TORCH_FN(at::native::copy_sparse_));
+  m.impl("copy_", TORCH_FN(at::native::copy_sparse_wrapper_));
+  m.impl("clone", TORCH_FN(at::native::clone_sparse));
+}
+struct SparseCpuOpsOnNeuron {
+  torch::Library lib{torch::Library::IMPL, "aten", c10::DispatchKey::SparsePrivateUse1, __FILE__, __LINE__};
+  SparseCpuOpsOnNeuron() {
+    using K = c10::DispatchKey;
+    auto& d = c10::Dispatcher::singleton();
+    for (const auto& name : d.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = d.findOp(name);
+      if (!op || !op->hasKernelForDispatchKey(K::SparseCPU) || op->hasKernelForDispatchKey(K::SparsePrivateUse1))
+        continue;
+      const bool composite = op->hasKernelForDispatchKey(K::CompositeExplicitAutograd) ||
+                             op->hasKernelForDispatchKey(K::CompositeExplicitAutogradNonFunctional) ||
+                             op->hasKernelForDispatchKey(K::CompositeImplicitAutograd);
+      if (!composite) continue;  // the backend fallback reaches it
+      const std::string q = name.name.substr(6) + (name.overload_name.empty() ? "" : "." + name.overload_name);
+      try {
+        lib.impl(q.c_str(), torch::CppFunction::makeFromBoxedFunction<&sparse_host_fallback>());
+      } catch (const c10::Error&) {
+      }
+    }
+  }
+};
+const bool kSparseCpuOpsOnNeuron = (new SparseCpuOpsOnNeuron(), true);  // lives as long as the dispatcher
 TORCH_LIBRARY_IMPL(_, SparseCsrPrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&unsupported_layout_fallback>());
 }

@@ -1,8 +1,9 @@
-// Layouts the emulated device does not hold: sparse COO, sparse compressed (CSR/CSC/BSR/BSC) and quantized
-// tensors raise one NotImplementedError where one would be made on neuron (README.md "What stays unsupported").
+// Layouts the emulated device does not hold: sparse compressed (CSR/CSC/BSR/BSC) and quantized tensors raise one
+// NotImplementedError where one would be made on neuron (README.md "What stays unsupported"). Sparse COO tensors
+// are held (kernels.cpp, "Sparse COO tensors"): a neuron tensor's conversion to one runs on the host here.
 //
-// Why a backend fallback is not enough. kernels.cpp registers an error fallback for SparsePrivateUse1,
-// SparseCsrPrivateUse1 and QuantizedPrivateUse1 (any op on such a tensor raises), but the dispatcher prefers an
+// Why a backend fallback is not enough. kernels.cpp registers an error fallback for SparseCsrPrivateUse1 and
+// QuantizedPrivateUse1 (any op on such a tensor raises), but the dispatcher prefers an
 // operator's own composite kernel (CompositeExplicitAutograd[NonFunctional]) to any backend fallback.
 // Conversions and factories carry their target device through BackendSelect, so `csr.to("neuron")` dispatches
 // aten::_to_copy with the key SparseCsrPrivateUse1 (the CPU tensor's SparseCsr functionality, the target's
@@ -62,13 +63,15 @@ void compressed_error(const c10::OperatorHandle& op, c10::DispatchKeySet, torch:
 // Dense -> sparse conversions of a neuron tensor: the layout made is the op's (or its `layout` argument's).
 void to_sparse_error(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
   const auto& s = op.schema();
-  if (s.name() != "aten::_to_sparse" || s.overload_name() == "sparse_dim") layout_error(
-      s.name() == "aten::_to_sparse" ? kWhatSparse : kWhatCompressed, op);
+  if (s.name() == "aten::_to_sparse" && s.overload_name() == "sparse_dim")
+    return sparse_host_fallback(op, c10::DispatchKeySet(), stack);
+  if (s.name() != "aten::_to_sparse") layout_error(kWhatCompressed, op);
   const auto idx = s.argumentIndexWithName("layout");
   const size_t nargs = s.arguments().size();
   const c10::IValue& v = (*stack)[stack->size() - nargs + idx.value()];
   const bool coo = v.isNone() || v.toLayout() == c10::kSparse;
-  layout_error(coo ? kWhatSparse : kWhatCompressed, op);
+  if (coo) return sparse_host_fallback(op, c10::DispatchKeySet(), stack);  // COO tensors are supported
+  layout_error(kWhatCompressed, op);
 }
 
 // A strided nested tensor made from neuron tensors (torch.nested.as_nested_tensor, nested_tensor, the math
@@ -109,9 +112,8 @@ bool is_compressed_constructor(const std::string& name) {  // name without "aten
 // _sparse_compressed_tensor_unsafe ...) assemble the tensor without dispatching again, and run at the Autograd
 // key before BackendSelect, or (without `layout`, under inference_mode) at the dense key BackendSelect computes:
 // they also get it for AutogradPrivateUse1 and PrivateUse1 (reached when a member or the target is neuron).
-// SparsePrivateUse1 and QuantizedPrivateUse1 need no such list: making a COO or quantized tensor always ends in
-// a backend op for its key (_sparse_coo_tensor_with_dims_and_tensors, empty.memory_format, empty_quantized ...),
-// which reaches kernels.cpp's fallback.
+// QuantizedPrivateUse1 needs no such list: making a quantized tensor always ends in a backend op for its key
+// (empty_quantized ...), which reaches kernels.cpp's fallback. (SparsePrivateUse1 runs COO ops: kernels.cpp.)
 struct CompositeOverrides {
   torch::Library sparse_csr{torch::Library::IMPL, "aten", c10::DispatchKey::SparseCsrPrivateUse1, __FILE__,
                             __LINE__};

@@ -7,6 +7,7 @@
 #include <c10/util/ApproximateClock.h>
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/stack.h>
 
 #include "frames.h"
 
@@ -18,6 +19,10 @@
 #include <tuple>
 #include <string>
 #include <vector>
+
+namespace c10 {
+class OperatorHandle;
+}  // namespace c10
 
 namespace tnl {
 
@@ -382,6 +387,9 @@ bool event_done(const NeuronEvent* ev);
 // ---- layouts.cpp ----
 // The NotImplementedError for a sparse, quantized or nested tensor an op would make on neuron (`what`: its kind).
 [[noreturn]] void unsupported_layout_named(const std::string& what, const std::string& op);
+// Runs an op on sparse COO neuron tensors (or one making them from dense neuron tensors) on the host as CPU
+// runs it, on SparseCPU twins over zero-copy aliases of their members (kernels.cpp, "Sparse COO tensors").
+void sparse_host_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack);
 
 // ---- profiler.cpp ----
 void install_profiler_stubs();
