@@ -8,6 +8,7 @@ CPU), the same errors, the same stream order, signatures and memory statistics.
 
 from __future__ import annotations
 
+import gc
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -147,6 +148,7 @@ def test_errors_are_cpus() -> None:
 def test_signatures_and_memory_stats_are_the_general_paths() -> None:
     signatures.clear()
     a = torch.randn(40, 24, device="neuron")
+    gc.collect()  # an earlier test's garbage (tracebacks holding neuron tensors) is not freed inside this one
     torch.neuron.synchronize()
     m = signatures.mark()
     base = torch.neuron.memory_allocated()

@@ -1681,6 +1681,31 @@ bool touches_no_device_bytes(const CallState& cs) {
   return true;
 }
 
+// Replaces each tensor an argument or return holds (a Tensor, a Tensor[], a Tensor?[]'s defined ones) by fn(it);
+// false, and nothing changed, for any other value.
+template <typename F>
+bool map_tensors(c10::IValue& v, F&& fn) {
+  if (v.isTensor()) {
+    v = fn(v.toTensor());
+  } else if (v.isTensorList()) {
+    auto list = v.toTensorList();
+    c10::List<at::Tensor> out;
+    out.reserve(list.size());
+    for (const at::Tensor& t : list) out.push_back(fn(t));
+    v = std::move(out);
+  } else if (v.isOptionalTensorList()) {
+    auto list = v.toOptionalTensorList();
+    c10::List<std::optional<at::Tensor>> out;
+    out.reserve(list.size());
+    for (const std::optional<at::Tensor>& t : list)
+      out.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(fn(*t)) : std::nullopt);
+    v = std::move(out);
+  } else {
+    return false;
+  }
+  return true;
+}
+
 // Writes back in-place / out= arguments whose storage or geometry a host kernel changed (on their CPU aliases).
 void write_back_writable(CallState& cs) {
   c10::SmallVector<c10::StorageImpl*, 4> storages_done;  // aliases may share one CPU storage
@@ -1831,18 +1856,8 @@ void sparse_host_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*k
   };
   for (size_t i = 0; i < nargs; ++i) {
     c10::IValue& v = (*stack)[base + i];
-    if (v.isTensor()) {
-      v = convert(v.toTensor(), i);
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(convert(t, i));
-      v = std::move(out);
-    } else if (v.isOptionalTensorList()) {
-      c10::List<std::optional<at::Tensor>> out;
-      for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
-        out.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(convert(*t, i)) : std::nullopt);
-      v = std::move(out);
-    } else if (v.isDevice() && v.toDevice().type() == kNeuron) {
+    if (map_tensors(v, [&](const at::Tensor& t) { return convert(t, i); })) continue;
+    if (v.isDevice() && v.toDevice().type() == kNeuron) {
       if (cs.device < 0) cs.device = v.toDevice().has_index() ? v.toDevice().index() : current_device();
       v = c10::IValue(c10::Device(c10::kCPU));
     } else if (v.isGenerator() && v.toGenerator().device().type() == kNeuron) {
@@ -1882,16 +1897,7 @@ void sparse_host_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*k
   };
   const size_t nret = schema.returns().size();
   const size_t rbase = stack->size() - nret;
-  for (size_t i = 0; i < nret; ++i) {
-    c10::IValue& v = (*stack)[rbase + i];
-    if (v.isTensor()) {
-      v = back(v.toTensor());
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> out;
-      for (const at::Tensor& t : v.toTensorList()) out.push_back(back(t));
-      v = std::move(out);
-    }
-  }
+  for (size_t i = 0; i < nret; ++i) map_tensors((*stack)[rbase + i], back);
   if (rec) {
     EventRecord ev;
     fill_kernel_fields(ev, meta, cs.device, false, 0, 0);
@@ -1962,27 +1968,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
     return t;
   };
 
-  for (size_t i = 0; i < nargs; ++i) {
-    c10::IValue& v = (*stack)[base + i];
-    if (v.isTensor()) {
-      v = convert(v.toTensor(), i);
-    } else if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      c10::List<at::Tensor> out;
-      out.reserve(list.size());
-      for (const at::Tensor& t : list) out.push_back(convert(t, i));
-      v = std::move(out);
-    } else if (v.isOptionalTensorList()) {
-      auto list = v.toOptionalTensorList();
-      c10::List<std::optional<at::Tensor>> out;
-      out.reserve(list.size());
-      for (const std::optional<at::Tensor>& t : list) {
-        if (t.has_value() && t->defined()) out.push_back(convert(*t, i));
-        else out.push_back(std::nullopt);
-      }
-      v = std::move(out);
-    }
-  }
+  for (size_t i = 0; i < nargs; ++i)
+    map_tensors((*stack)[base + i], [&](const at::Tensor& t) { return convert(t, i); });
   for (int i : meta.device_args) {
     c10::IValue& v = (*stack)[base + i];
     if (!v.isDevice()) continue;
@@ -2160,16 +2147,8 @@ void neuron_fallback(const c10::OperatorHandle& op, c10::DispatchKeySet /*ks*/, 
   const size_t rbase = stack->size() - nret;
   for (size_t i = 0; i < nret; ++i) {
     c10::IValue& v = (*stack)[rbase + i];
-    if (v.isTensor()) {
-      v = back(v.toTensor());
-      if (i == 0) out0 = v.toTensor();
-    } else if (v.isTensorList()) {
-      auto list = v.toTensorList();
-      c10::List<at::Tensor> out;
-      out.reserve(list.size());
-      for (const at::Tensor& t : list) out.push_back(back(t));
-      v = std::move(out);
-    }
+    map_tensors(v, back);
+    if (i == 0 && v.isTensor()) out0 = v.toTensor();
   }
   if (pending.plan) {
     const bool matched = plan_matches(*pending.plan, *stack, rbase, nret, cs);
