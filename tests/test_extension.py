@@ -139,6 +139,23 @@ def test_placement_flags_split_modules_stray_optimizer_state_and_large_cpu_tenso
     assert "large CPU tensor fbig (1.00 MiB)" in text
 
 
+def test_placement_counts_a_sparse_tensors_members(ip: Any) -> None:
+    # a sparse tensor has no storage of its own (untyped_storage() raises): the magic raised on one
+    run(ip, "sp = torch.sparse_coo_tensor([[0, 999]], [1.0, 2.0], (1000,), device='neuron')\n"
+            "sc = torch.eye(3).to_sparse_csr()")
+    res = magic(ip, "neuron_placement -q -o sp sc")
+    rows = {r["name"]: r for r in res.rows}
+    assert (rows["sp"]["device"], rows["sp"]["shape"], rows["sp"]["bytes"]) == ("neuron:0", (1000,), 2 * 8 + 2 * 4)
+    assert rows["sp"]["storage"] == "sparse_coo, nnz 2"
+    assert (rows["sc"]["device"], rows["sc"]["bytes"], rows["sc"]["storage"]) == ("cpu", 4 * 8 + 3 * 8 + 3 * 4,
+                                                                                  "sparse_csr, nnz 3")
+    # totals count storages, as for dense views: the CSR members' storages (to_sparse_csr makes them larger)
+    sc = ip.user_ns["sc"]
+    held = {m.untyped_storage().data_ptr(): m.untyped_storage().nbytes()
+            for m in (sc.crow_indices(), sc.col_indices(), sc.values())}
+    assert res.totals == {"cpu": sum(held.values()), "neuron:0": 24}
+
+
 def test_placement_bad_input(ip: Any) -> None:
     with pytest.raises(UsageError, match="not defined in the namespace: no_such_name"):
         magic(ip, "neuron_placement no_such_name")

@@ -66,6 +66,24 @@ def _dev(t: Any) -> str:
     return str(t.device)
 
 
+def _held(t: Any) -> list[Any]:
+    """The dense tensors that hold a tensor's memory: itself, or a sparse tensor's members (a sparse tensor has
+    no storage of its own: ``untyped_storage()`` raises)."""
+    import torch
+
+    if t.layout == torch.sparse_coo:
+        return [t._indices(), t._values()]
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return [t.crow_indices(), t.col_indices(), t.values()]
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return [t.ccol_indices(), t.row_indices(), t.values()]
+    return [t]
+
+
+def _nbytes(t: Any) -> int:
+    return sum(m.numel() * m.element_size() for m in _held(t))
+
+
 def placement(ns: Mapping[str, Any], names: list[str] | None, show_all: bool) -> PlacementResult:
     """Tensors, modules and optimizers of ``ns`` (or the named ones) with per-device totals."""
     import torch
@@ -82,21 +100,30 @@ def placement(ns: Mapping[str, Any], names: list[str] | None, show_all: bool) ->
     totals: dict[str, int] = defaultdict(int)
 
     def add_tensor(name: str, kind: str, t: torch.Tensor, listed: bool) -> None:
-        st = t.untyped_storage()
-        key = (_dev(t), st.data_ptr())
         note = ""
-        if key in storages and st.nbytes():
-            owner = storages[key]
-            note = f"view of {owner}" if t._is_view() else f"shares storage with {owner}"
-        else:
-            storages[key] = name
-            totals[_dev(t)] += st.nbytes()
-            if t._is_view():
-                note = "view"
+        if t.layout == torch.strided:
+            st = t.untyped_storage()
+            key = (_dev(t), st.data_ptr())
+            if key in storages and st.nbytes():
+                owner = storages[key]
+                note = f"view of {owner}" if t._is_view() else f"shares storage with {owner}"
+            else:
+                storages[key] = name
+                totals[_dev(t)] += st.nbytes()
+                if t._is_view():
+                    note = "view"
+        else:  # a sparse tensor: its members' storages
+            note = f"{str(t.layout).removeprefix('torch.')}, nnz {t._nnz()}"
+            for m in _held(t):
+                st = m.untyped_storage()
+                key = (_dev(m), st.data_ptr())
+                if key not in storages or not st.nbytes():
+                    storages[key] = name
+                    totals[_dev(m)] += st.nbytes()
         if listed:
             res.rows.append({
                 "name": name, "kind": kind, "device": _dev(t), "dtype": str(t.dtype).removeprefix("torch."),
-                "shape": tuple(t.shape), "bytes": t.numel() * t.element_size(),
+                "shape": tuple(t.shape), "bytes": _nbytes(t),
                 "requires_grad": bool(t.requires_grad), "storage": note,
             })
 
@@ -109,12 +136,12 @@ def placement(ns: Mapping[str, Any], names: list[str] | None, show_all: bool) ->
             n_params = 0
             for pname, prm in v.named_parameters():
                 devices.add(_dev(prm))
-                size += prm.numel() * prm.element_size()
+                size += _nbytes(prm)
                 n_params += 1
                 add_tensor(f"{name}.{pname}", "parameter", prm, show_all)
             for bname, b in v.named_buffers():
                 devices.add(_dev(b))
-                size += b.numel() * b.element_size()
+                size += _nbytes(b)
                 add_tensor(f"{name}.{bname}", "buffer", b, show_all)
             res.rows.append({"name": name, "kind": "module", "device": ", ".join(sorted(devices)) or "-",
                              "dtype": "", "shape": f"{n_params} params", "bytes": size,
@@ -131,7 +158,7 @@ def placement(ns: Mapping[str, Any], names: list[str] | None, show_all: bool) ->
                 for sname, st in state.items():
                     if not isinstance(st, torch.Tensor):
                         continue
-                    size += st.numel() * st.element_size()
+                    size += _nbytes(st)
                     add_tensor(f"{name}.state[{index.get(id(p), '?')}].{sname}", "optimizer_state", st, show_all)
                     if st.dim() > 0 and st.device != p.device:
                         bad.add((_dev(st), _dev(p)))
@@ -142,7 +169,7 @@ def placement(ns: Mapping[str, Any], names: list[str] | None, show_all: bool) ->
                 res.warnings.append(f"optimizer {name} keeps state on {s_dev} for parameters on {p_dev}")
         elif isinstance(v, torch.Tensor):
             add_tensor(name, "parameter" if isinstance(v, torch.nn.Parameter) else "tensor", v, True)
-            nbytes = v.numel() * v.element_size()
+            nbytes = _nbytes(v)
             if v.device.type == "cpu" and nbytes >= LARGE_CPU_TENSOR:
                 cpu_tensors.append((name, nbytes))
     if neuron_models:
