@@ -1166,3 +1166,32 @@ def test_ctrl_c_while_python_runs_inside_a_launch_is_raised(tmp_path: Path, wher
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["interrupted at call 0", "usable [3.0, 3.0]"], proc.stdout + proc.stderr
+
+
+def test_launches_past_the_launch_ring_run_in_stream_order() -> None:
+    # A stream's launch queue is a ring of 1024 slots (queue.cpp, StreamQueue). Event records do not wait
+    # for a full queue (as CUDA's), so a stream whose worker is held up -- here waiting for another
+    # stream's long matmuls -- takes more than the ring holds: the later positions go to the overflow and
+    # must still run after the ring's, in order, followed by an op launched after them.
+    s1, s2 = torch.neuron.Stream(), torch.neuron.Stream()
+    a = torch.randn(2048, 2048, device="neuron") / 64
+    x = torch.zeros(4, device="neuron")
+    torch.neuron.synchronize()
+    with torch.neuron.stream(s1):
+        b = a
+        for _ in range(8):  # ~0.5 s here; the 1500 records take ~1 ms
+            b = b @ a
+        gate = s1.record_event()
+    s2.wait_event(gate)
+    events = [torch.neuron.Event(enable_timing=True) for _ in range(1500)]
+    with torch.neuron.stream(s2):
+        for e in events:
+            e.record(s2)
+        x.add_(1)  # launched after the 1500 records: the host waits for the queue to drain by half first
+        y = x * 2
+    s2.synchronize()
+    assert lib().stream_overflowed(s2.device_index, s2.stream_id) > 0  # the overflow was used
+    assert gate.query() and all(e.query() for e in events)
+    stamps = [events[0].elapsed_time(e) for e in events]
+    assert all(t1 <= t2 for t1, t2 in zip(stamps, stamps[1:])), "event records ran out of order"
+    assert y.tolist() == [2.0] * 4

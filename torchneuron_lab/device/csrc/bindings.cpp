@@ -612,6 +612,7 @@ void init_module(py::module& m) {
   m.def("set_stream", [](int d, int s) { set_current_stream(d, s); });
   m.def("stream_priority", &stream_priority);
   m.def("stream_query", &stream_idle);
+  m.def("stream_overflowed", &stream_overflowed);
   m.def("stream_counts", [](int d, int s) { return py::make_tuple(stream_enqueued(d, s), stream_completed(d, s)); });
   // torch.cuda._sleep's counterpart for tests: a kernel that keeps the stream busy for `ms` milliseconds
   // (it ends early when the thread that launched it is interrupted by Ctrl-C in a wait).

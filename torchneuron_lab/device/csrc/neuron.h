@@ -305,6 +305,7 @@ Launch begin_launch(int32_t name_id);
 uint64_t enqueue(Work w);
 uint64_t stream_enqueued(int device, int stream);
 uint64_t stream_completed(int device, int stream);
+uint64_t stream_overflowed(int device, int stream);  // launches that found the ring full (queue.cpp)
 bool stream_idle(int device, int stream);
 // Host waits (GIL released while waiting, bounded by TORCHNEURON_LAB_SYNC_TIMEOUT): until `stream` has
 // completed position `pos`; until the stream is empty; until every stream of the device is empty.

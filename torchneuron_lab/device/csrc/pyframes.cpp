@@ -52,4 +52,12 @@ size_t python_frames(PyThreadState* ts, StackFrameRef* out, size_t max) {
   return n;
 }
 
+bool python_frames_without_gil() {
+#ifdef TNL_INTERNAL_FRAMES
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace tnl

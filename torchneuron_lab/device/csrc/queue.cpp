@@ -69,26 +69,60 @@ struct AsyncError {
   int later = 0;  // further kernels that failed before it was reported
 };
 
+// The launch queue of a stream: a ring of launch slots, written by the launching threads (producers, one at
+// a time under `pmu`) and read by the stream's worker without a lock.
+//
+// Why not a locked deque (as before the twenty-seventh session): the host and the worker took the same
+// mutex at every launch, the host to push and the worker to take, so in a burst of small launches its
+// cache line went back and forth between the two cores and the host waited for it: the queue's lock and
+// unlock were 16% of the host's time per op in a chain of 64x64 adds (perf, 2 cores). Now the host writes
+// a slot and publishes its position; the worker reads the slot's position, moves the work out and
+// publishes what it took. The mutex `mu` stays for what is not per launch: sleeping and waking the worker,
+// host waits for a position, the finished closures handed back, and the overflow.
+//
+// Invariants:
+// - positions are 1, 2, ...; position p lives in ring slot p % kRing, or in `overflow`;
+// - a slot holds position p once its `pos` reads p (stored with release after the work was written);
+// - a producer writes position p into the ring only when p - taken <= kRing (the slot's previous
+//   position was taken) and no position is in the overflow (positions stay in order: once one position
+//   overflows, later ones follow it there until the worker has drained it);
+// - the host's launches wait while kMaxQueued are pending (enqueue), so they never overflow; a worker that
+//   launches onto another stream (no host to wait) may, when that stream holds kRing pending launches;
+// - taken >= completed: the worker takes a batch, then completes its launches one by one.
 struct StreamQueue {
   StreamQueue() { init_mutex(); }
-  // The host (enqueue) and the worker (take, complete) hold `mu` for a few instructions each, many
-  // times per microsecond in a burst of small launches: an adaptive mutex spins briefly on contention
-  // instead of putting the thread to sleep and paying a futex wake-up per launch.
+  // The worker and host waits hold `mu` briefly; an adaptive mutex spins on contention instead of putting
+  // the thread to sleep and paying a futex wake-up.
   void init_mutex() {
-    pthread_mutexattr_t attr;
-    pthread_mutexattr_init(&attr);
-    pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
-    pthread_mutex_init(mu.native_handle(), &attr);
-    pthread_mutexattr_destroy(&attr);
+    for (std::mutex* m : {&mu, &pmu}) {
+      pthread_mutexattr_t attr;
+      pthread_mutexattr_init(&attr);
+      pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_ADAPTIVE_NP);
+      pthread_mutex_init(m->native_handle(), &attr);
+      pthread_mutexattr_destroy(&attr);
+    }
   }
+  static constexpr uint64_t kRing = 1024;  // = kMaxQueued: the host's launches always find their slot free
+  struct Slot {
+    std::atomic<uint64_t> pos{0};
+    Work work;
+  };
   int device = 0;
   int id = 0;
   int priority = 0;
   std::mutex mu;
   std::condition_variable cv_work;  // worker: work arrived
   std::condition_variable cv_done;  // waiters: a position completed
-  std::deque<Work> queue;
+  // Producers: `enqueued`, the ring's slots to write, `worker_started` (the ring is made with the worker).
+  alignas(64) std::mutex pmu;
   uint64_t enqueued = 0;
+  bool worker_started = false;
+  std::unique_ptr<Slot[]> ring;
+  alignas(64) std::atomic<uint64_t> taken{0};  // positions the worker took (written by the worker only)
+  std::atomic<bool> sleeping{false};  // the worker is asleep, or about to sleep, on cv_work (under mu)
+  std::atomic<uint64_t> overflow_n{0};
+  std::deque<std::pair<uint64_t, Work>> overflow;  // under mu: positions that found the ring full
+  uint64_t overflowed = 0;  // under mu: how many ever did (a test's evidence)
   // Written only by the worker, without the lock (one atomic add per kernel); a thread that waits for
   // it counts itself in `waiters` and registers its position in `wake_at` under the lock first, and the
   // worker takes the lock to notify only when a completion reaches `wake_at`, so no wake-up is lost
@@ -96,12 +130,12 @@ struct StreamQueue {
   std::atomic<uint64_t> completed{0};
   std::atomic<int> waiters{0};
   std::atomic<uint64_t> wake_at{UINT64_MAX};  // the lowest position a sleeping waiter needs (MAX: none)
-  std::atomic<uint64_t> launched{0};  // = enqueued, readable without the lock (the worker's spin)
+  std::atomic<uint64_t> launched{0};  // = enqueued, stored after the position was published
   // Finished kernels' closures, destroyed by a host thread (reap): the host allocated their captures, so
   // freeing them there keeps malloc's arena lock off the launch path (cross-thread frees contend).
   std::vector<std::function<void(const Launch&)>> spent;
+  std::atomic<size_t> spent_n{0};  // spent.size(), read by a launch without the lock (it reaps past kReapAt)
   uint64_t observed = 0;  // the last position a recorded host wait reached: later launches are unobserved
-  bool worker_started = false;
 };
 
 // Launches dropped because their thread was interrupted (Ctrl-C in one of its waits), for the interrupt's message.
@@ -118,6 +152,8 @@ struct DeviceQueues {
 
 constexpr int kMaxDevices = 64;
 constexpr uint64_t kMaxQueued = 1024;  // launches a stream holds before the host waits
+static_assert(StreamQueue::kRing >= kMaxQueued, "a host launch must find its ring slot free");
+constexpr size_t kReapAt = 64;  // finished closures a launch lets pile up before it frees them
 constexpr int64_t kWaitSpinNs = 30'000;  // a waiter polls this long before it sleeps (wait_on)
 constexpr int kSpinRounds = 200;       // sched_yield()s (~0.3-1 us each) a worker spins before it sleeps
 DeviceQueues* g_queues[kMaxDevices] = {};
@@ -156,6 +192,7 @@ void reset_queue_locks_after_fork() {
       new (&s->cv_done) std::condition_variable();
       s->waiters.store(0);
       s->wake_at.store(UINT64_MAX);
+      s->sleeping.store(false);
       s->worker_started = false;
     }
   }
@@ -185,10 +222,50 @@ std::atomic<uint64_t>& interrupts_of_this_thread() {
 
 void worker_main(StreamQueue* s);
 
+// Under s.pmu.
 void start_worker_locked(StreamQueue& s) {
   if (s.worker_started) return;
+  if (!s.ring) s.ring.reset(new StreamQueue::Slot[StreamQueue::kRing]);  // kept across a fork (queued work stays)
   s.worker_started = true;
   std::thread(worker_main, &s).detach();
+}
+
+// Whether the worker has a position to take: the next one is published in its slot, or overflowed.
+bool work_ready(const StreamQueue& s) {
+  const uint64_t next = s.taken.load(std::memory_order_relaxed) + 1;  // (the worker's own counter)
+  return s.ring[next % StreamQueue::kRing].pos.load(std::memory_order_acquire) == next ||
+         s.overflow_n.load(std::memory_order_acquire) > 0;
+}
+
+// Publishes `w` at the next position; the caller holds s.pmu. Returns the position.
+uint64_t push_locked(StreamQueue& s, Work&& w) {
+  start_worker_locked(s);
+  const uint64_t pos = s.enqueued + 1;
+  if (s.overflow_n.load(std::memory_order_acquire) == 0 &&
+      pos - s.taken.load(std::memory_order_acquire) <= StreamQueue::kRing) {
+    StreamQueue::Slot& slot = s.ring[pos % StreamQueue::kRing];
+    slot.work = std::move(w);
+    slot.pos.store(pos, std::memory_order_release);
+  } else {
+    std::lock_guard<std::mutex> lock(s.mu);  // the worker checks the overflow under it before it sleeps
+    s.overflow.emplace_back(pos, std::move(w));
+    ++s.overflowed;
+    s.overflow_n.fetch_add(1, std::memory_order_release);
+  }
+  s.enqueued = pos;
+  s.launched.store(pos, std::memory_order_release);
+  return pos;
+}
+
+// After a push (and after s.pmu is released): wakes the worker if it sleeps. It sets `sleeping` before it
+// checks for work under `mu`, this looks at `sleeping` after the publication, both behind a full fence: either
+// the worker sees the new position, or this sees it sleeping and notifies under `mu` (not lost: the worker
+// checked under it).
+void wake_worker(StreamQueue& s) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!s.sleeping.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.cv_work.notify_one();
 }
 
 void note_error(StreamQueue& s, const Work& w, const std::string& what, ErrorClass cls = ErrorClass::Runtime) {
@@ -505,14 +582,12 @@ void worker_main(StreamQueue* s) {
     // A host launching a burst of small kernels enqueues one every few microseconds: spin briefly before
     // sleeping, so each launch does not pay a futex sleep and wake-up of the worker (a device's queue is
     // polled by its own engine; the spin is bounded so an idle worker costs no CPU).
-    {
-      const uint64_t done = s->completed.load(std::memory_order_relaxed);  // only this worker writes it
-      for (int i = 0; i < kSpinRounds && s->launched.load(std::memory_order_acquire) == done; ++i)
-        std::this_thread::yield();
-    }
-    {
+    for (int i = 0; i < kSpinRounds && !work_ready(*s); ++i) std::this_thread::yield();
+    if (!work_ready(*s)) {
       std::unique_lock<std::mutex> lock(s->mu);
-      auto work = [&] { return !s->queue.empty(); };
+      s->sleeping.store(true, std::memory_order_relaxed);
+      std::atomic_thread_fence(std::memory_order_seq_cst);  // pairs with wake_worker's
+      auto work = [&] { return work_ready(*s); };
       if (pool_used && !s->cv_work.wait_for(lock, std::chrono::milliseconds(kIdleReleaseMs), work)) {
         lock.unlock();
         shrink_omp_pool();  // idle: give the CPUs back to the host's CPU kernels
@@ -522,13 +597,37 @@ void worker_main(StreamQueue* s) {
         lock.lock();
       }
       s->cv_work.wait(lock, work);
-      pool_used = true;
-      while (!s->queue.empty() && batch.size() < kWorkerBatch) {
-        batch.push_back(std::move(s->queue.front()));
-        s->queue.pop_front();
-      }
-      depth = batch.size() + s->queue.size();
+      s->sleeping.store(false, std::memory_order_relaxed);
     }
+    pool_used = true;
+    {
+      // Take the published positions, in order, without a lock (the overflow under it).
+      uint64_t t = s->taken.load(std::memory_order_relaxed);
+      while (batch.size() < kWorkerBatch) {
+        const uint64_t next = t + 1;
+        StreamQueue::Slot& slot = s->ring[next % StreamQueue::kRing];
+        if (slot.pos.load(std::memory_order_acquire) != next) {
+          if (s->overflow_n.load(std::memory_order_acquire) == 0) break;
+          // An overflowed position follows the ring's: it is published there by now, if it is there.
+          if (slot.pos.load(std::memory_order_acquire) != next) {
+            std::lock_guard<std::mutex> lock(s->mu);
+            if (s->overflow.empty() || s->overflow.front().first != next) break;
+            batch.push_back(std::move(s->overflow.front().second));
+            s->overflow.pop_front();
+            s->overflow_n.fetch_sub(1, std::memory_order_release);
+            t = next;
+            s->taken.store(t, std::memory_order_release);
+            continue;
+          }
+        }
+        batch.push_back(std::move(slot.work));
+        slot.work.run = nullptr;  // (a moved-from std::function is only "valid")
+        t = next;
+        s->taken.store(t, std::memory_order_release);  // the producers may write this slot again
+      }
+      depth = batch.size() + (s->launched.load(std::memory_order_acquire) - t);
+    }
+    if (batch.empty()) continue;
     {
       const int64_t now = now_ns();
       starve.took_work(now, now - wait0, depth);
@@ -585,6 +684,7 @@ void worker_main(StreamQueue* s) {
         {
           std::lock_guard<std::mutex> lock(s->mu);
           for (auto& f : spent) s->spent.push_back(std::move(f));
+          s->spent_n.store(s->spent.size(), std::memory_order_relaxed);
           c = s->completed.fetch_add(1) + 1;
         }
         spent.clear();
@@ -616,6 +716,7 @@ void record_wait(int device, int stream, const char* what, int64_t t0, int64_t t
 // buffer is ever freed by the other thread.
 void reap_locked(StreamQueue& s, std::vector<std::function<void(const Launch&)>>& out) {
   if (!s.spent.empty()) s.spent.swap(out);
+  s.spent_n.store(0, std::memory_order_relaxed);
 }
 thread_local std::vector<std::function<void(const Launch&)>> tls_reaped;
 void reap(StreamQueue& s) {
@@ -713,10 +814,7 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
     dropped0 = g_dropped_launches.load();
     interrupts_of_this_thread().fetch_add(1);  // drops this thread's queued launches, on every stream
     uint64_t last;
-    {
-      std::lock_guard<std::mutex> lock(s.mu);
-      last = s.enqueued;
-    }
+    last = s.launched.load(std::memory_order_acquire);
     wait_on(s, last, what, /*interruptible=*/false);
   }
   if (saved != nullptr) PyEval_RestoreThread(saved);
@@ -746,7 +844,7 @@ bool wait_on(StreamQueue& s, uint64_t pos, const char* what, bool interruptible 
     std::lock_guard<std::mutex> lock(s.mu);
     if (s.completed < pos)
       TORCH_CHECK(false, what, ": neuron:", s.device, " stream ", s.id, " did not reach position ", pos,
-                  " (completed ", s.completed.load(), ", ", s.queue.size(), " queued) within ", sync_timeout_s(),
+                  " (completed ", s.completed.load(), ", ", s.launched.load() - s.completed.load(), " pending) within ", sync_timeout_s(),
                   " s (TORCHNEURON_LAB_SYNC_TIMEOUT)");
   }
   return true;
@@ -941,7 +1039,7 @@ uint64_t enqueue(Work w) {
   for (;;) {
     uint64_t need = 0;
     {
-      std::lock_guard<std::mutex> lock(s.mu);
+      std::lock_guard<std::mutex> lock(s.pmu);
       // A bounded launch queue, as a real device's: a host that runs ahead by kMaxQueued launches waits
       // (a recorded host stall: the region is device-bound) instead of queueing without limit.
       // It waits until half the queue has run, not for one slot: one wake-up per kMaxQueued / 2 kernels
@@ -954,11 +1052,7 @@ uint64_t enqueue(Work w) {
           tls_pool_shrunk_ns = w.launch.host_end_ns;
           shrink = true;
         }
-        pos = ++s.enqueued;
-        s.launched.store(pos, std::memory_order_release);
-        s.queue.push_back(std::move(w));
-        start_worker_locked(s);
-        if (tls_worker_stream < 0) reap_locked(s, tls_reaped);
+        pos = push_locked(s, std::move(w));
       }
     }
     if (need == 0) break;
@@ -966,8 +1060,8 @@ uint64_t enqueue(Work w) {
     wait_on(s, need, "sync: launch queue full");
     record_wait(s.device, s.id, "sync: launch queue full", t0, now_ns());
   }
-  tls_reaped.clear();
-  s.cv_work.notify_one();
+  wake_worker(s);
+  if (tls_worker_stream < 0 && s.spent_n.load(std::memory_order_relaxed) >= kReapAt) reap(s);
   if (shrink) shrink_omp_pool();  // this host thread's CPU kernels made a pool: the device's kernels run now
   if (launch_blocking() && tls_worker_stream < 0) {
     wait_on(s, pos, "launch blocking");
@@ -977,7 +1071,7 @@ uint64_t enqueue(Work w) {
 }
 
 uint64_t stream_enqueued(int device, int stream) {
-  // `launched` is stored with `enqueued`, under the lock: a thread sees at least its own launches.
+  // `launched` is stored with `enqueued`, under the producers' lock: a thread sees at least its own launches.
   return stream_of(device, stream).launched.load(std::memory_order_acquire);
 }
 uint64_t stream_completed(int device, int stream) {
@@ -985,11 +1079,16 @@ uint64_t stream_completed(int device, int stream) {
   std::lock_guard<std::mutex> lock(s.mu);
   return s.completed;
 }
+uint64_t stream_overflowed(int device, int stream) {
+  StreamQueue& s = stream_of(device, stream);
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.overflowed;
+}
 bool stream_idle(int device, int stream) {
   check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   StreamQueue& s = stream_of(device, stream);
-  std::lock_guard<std::mutex> lock(s.mu);
-  return s.completed == s.enqueued;
+  const uint64_t launched = s.launched.load(std::memory_order_acquire);
+  return s.completed.load() == launched;
 }
 
 void raise_async_error(int device) {
@@ -1140,11 +1239,7 @@ void wait_position_quiet(int device, int stream, uint64_t pos) {
 void synchronize_stream(int device, int stream, const char* what, bool record_always, bool raise_errors) {
   check_not_in_bad_fork();  // as torch.cuda: raised at once, before any queue lock
   StreamQueue& s = stream_of(device, stream);
-  uint64_t pos;
-  {
-    std::lock_guard<std::mutex> lock(s.mu);
-    pos = s.enqueued;
-  }
+  const uint64_t pos = s.launched.load(std::memory_order_acquire);
   wait_position(device, stream, pos, what, record_always, raise_errors);
 }
 
@@ -1176,11 +1271,7 @@ void synchronize_device(int device, const char* what) {
   }
   const int64_t t0 = now_ns();
   for (StreamQueue* s : streams) {
-    uint64_t pos;
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      pos = s->enqueued;
-    }
+    const uint64_t pos = s->launched.load(std::memory_order_acquire);
     try {
       wait_on(*s, pos, what);
     } catch (const python_error&) {  // Ctrl-C: a recorded sync too
@@ -1204,11 +1295,7 @@ void drain_all(bool raise_interrupt) {
       streams = q->streams;
     }
     for (StreamQueue* s : streams) {
-      uint64_t pos;
-      {
-        std::lock_guard<std::mutex> lock(s->mu);
-        pos = s->enqueued;
-      }
+      const uint64_t pos = s->launched.load(std::memory_order_acquire);
       try {
         wait_on(*s, pos, "drain");
       } catch (const python_error&) {
@@ -1317,16 +1404,13 @@ void record_event(NeuronEvent* ev, int device, int stream) {
   else w.run = [](const Launch&) {};
   w.launch.host_end_ns = now_ns();
   {
-    std::lock_guard<std::mutex> lock(s.mu);
+    std::lock_guard<std::mutex> lock(s.pmu);
     ev->device = device;
     ev->stream = stream;
     ev->stamp = std::move(stamp);
-    ev->pos = ++s.enqueued;
-    s.launched.store(ev->pos, std::memory_order_release);
-    s.queue.push_back(std::move(w));
-    start_worker_locked(s);
+    ev->pos = push_locked(s, std::move(w));
   }
-  s.cv_work.notify_one();
+  wake_worker(s);
 }
 
 bool event_done(const NeuronEvent* ev) {
