@@ -10,6 +10,7 @@ ordering assertion below is deterministic.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import subprocess
 import sys
@@ -1193,5 +1194,5 @@ def test_launches_past_the_launch_ring_run_in_stream_order() -> None:
     assert lib().stream_overflowed(s2.device_index, s2.stream_id) > 0  # the overflow was used
     assert gate.query() and all(e.query() for e in events)
     stamps = [events[0].elapsed_time(e) for e in events]
-    assert all(t1 <= t2 for t1, t2 in zip(stamps, stamps[1:])), "event records ran out of order"
+    assert all(t1 <= t2 for t1, t2 in itertools.pairwise(stamps)), "event records ran out of order"
     assert y.tolist() == [2.0] * 4
