@@ -100,26 +100,20 @@ def placement(ns: Mapping[str, Any], names: list[str] | None, show_all: bool) ->
     totals: dict[str, int] = defaultdict(int)
 
     def add_tensor(name: str, kind: str, t: torch.Tensor, listed: bool) -> None:
-        note = ""
-        if t.layout == torch.strided:
-            st = t.untyped_storage()
-            key = (_dev(t), st.data_ptr())
+        sparse = t.layout != torch.strided  # its memory is its members' storages
+        note = f"{str(t.layout).removeprefix('torch.')}, nnz {t._nnz()}" if sparse else ""
+        for m in _held(t):
+            st = m.untyped_storage()
+            key = (_dev(m), st.data_ptr())
             if key in storages and st.nbytes():
-                owner = storages[key]
-                note = f"view of {owner}" if t._is_view() else f"shares storage with {owner}"
+                if not sparse:
+                    owner = storages[key]
+                    note = f"view of {owner}" if t._is_view() else f"shares storage with {owner}"
             else:
                 storages[key] = name
-                totals[_dev(t)] += st.nbytes()
-                if t._is_view():
+                totals[_dev(m)] += st.nbytes()
+                if not sparse and t._is_view():
                     note = "view"
-        else:  # a sparse tensor: its members' storages
-            note = f"{str(t.layout).removeprefix('torch.')}, nnz {t._nnz()}"
-            for m in _held(t):
-                st = m.untyped_storage()
-                key = (_dev(m), st.data_ptr())
-                if key not in storages or not st.nbytes():
-                    storages[key] = name
-                    totals[_dev(m)] += st.nbytes()
         if listed:
             res.rows.append({
                 "name": name, "kind": kind, "device": _dev(t), "dtype": str(t.dtype).removeprefix("torch."),

@@ -113,9 +113,8 @@ struct StreamQueue {
   std::mutex mu;
   std::condition_variable cv_work;  // worker: work arrived
   std::condition_variable cv_done;  // waiters: a position completed
-  // Producers: `enqueued`, the ring's slots to write, `worker_started` (the ring is made with the worker).
+  // Producers: `launched`'s stores, the ring's slots to write, `worker_started` (the ring is made with the worker).
   alignas(64) std::mutex pmu;
-  uint64_t enqueued = 0;
   bool worker_started = false;
   std::unique_ptr<Slot[]> ring;
   alignas(64) std::atomic<uint64_t> taken{0};  // positions the worker took (written by the worker only)
@@ -130,7 +129,7 @@ struct StreamQueue {
   std::atomic<uint64_t> completed{0};
   std::atomic<int> waiters{0};
   std::atomic<uint64_t> wake_at{UINT64_MAX};  // the lowest position a sleeping waiter needs (MAX: none)
-  std::atomic<uint64_t> launched{0};  // = enqueued, stored after the position was published
+  std::atomic<uint64_t> launched{0};  // the last position published (stored by producers under pmu)
   // Finished kernels' closures, destroyed by a host thread (reap): the host allocated their captures, so
   // freeing them there keeps malloc's arena lock off the launch path (cross-thread frees contend).
   std::vector<std::function<void(const Launch&)>> spent;
@@ -240,7 +239,7 @@ bool work_ready(const StreamQueue& s) {
 // Publishes `w` at the next position; the caller holds s.pmu. Returns the position.
 uint64_t push_locked(StreamQueue& s, Work&& w) {
   start_worker_locked(s);
-  const uint64_t pos = s.enqueued + 1;
+  const uint64_t pos = s.launched.load(std::memory_order_relaxed) + 1;
   if (s.overflow_n.load(std::memory_order_acquire) == 0 &&
       pos - s.taken.load(std::memory_order_acquire) <= StreamQueue::kRing) {
     StreamQueue::Slot& slot = s.ring[pos % StreamQueue::kRing];
@@ -252,9 +251,20 @@ uint64_t push_locked(StreamQueue& s, Work&& w) {
     ++s.overflowed;
     s.overflow_n.fetch_add(1, std::memory_order_release);
   }
-  s.enqueued = pos;
   s.launched.store(pos, std::memory_order_release);
   return pos;
+}
+
+// The worker's side: moves position `next` from the overflow into `batch`, if it is the overflow's first.
+// (A position the ring holds but had not published when the worker looked is taken at its next look.)
+bool take_overflowed(StreamQueue& s, uint64_t next, std::vector<Work>& batch) {
+  if (s.overflow_n.load(std::memory_order_acquire) == 0) return false;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.overflow.empty() || s.overflow.front().first != next) return false;
+  batch.push_back(std::move(s.overflow.front().second));
+  s.overflow.pop_front();
+  s.overflow_n.fetch_sub(1, std::memory_order_release);
+  return true;
 }
 
 // After a push (and after s.pmu is released): wakes the worker if it sleeps. It sets `sleeping` before it
@@ -606,24 +616,14 @@ void worker_main(StreamQueue* s) {
       while (batch.size() < kWorkerBatch) {
         const uint64_t next = t + 1;
         StreamQueue::Slot& slot = s->ring[next % StreamQueue::kRing];
-        if (slot.pos.load(std::memory_order_acquire) != next) {
-          if (s->overflow_n.load(std::memory_order_acquire) == 0) break;
-          // An overflowed position follows the ring's: it is published there by now, if it is there.
-          if (slot.pos.load(std::memory_order_acquire) != next) {
-            std::lock_guard<std::mutex> lock(s->mu);
-            if (s->overflow.empty() || s->overflow.front().first != next) break;
-            batch.push_back(std::move(s->overflow.front().second));
-            s->overflow.pop_front();
-            s->overflow_n.fetch_sub(1, std::memory_order_release);
-            t = next;
-            s->taken.store(t, std::memory_order_release);
-            continue;
-          }
+        if (slot.pos.load(std::memory_order_acquire) == next) {
+          batch.push_back(std::move(slot.work));
+          slot.work.run = nullptr;  // (a moved-from std::function is only "valid")
+        } else if (!take_overflowed(*s, next, batch)) {
+          break;
         }
-        batch.push_back(std::move(slot.work));
-        slot.work.run = nullptr;  // (a moved-from std::function is only "valid")
         t = next;
-        s->taken.store(t, std::memory_order_release);  // the producers may write this slot again
+        s->taken.store(t, std::memory_order_release);  // the producers may write its slot again
       }
       depth = batch.size() + (s->launched.load(std::memory_order_acquire) - t);
     }
@@ -1044,8 +1044,9 @@ uint64_t enqueue(Work w) {
       // (a recorded host stall: the region is device-bound) instead of queueing without limit.
       // It waits until half the queue has run, not for one slot: one wake-up per kMaxQueued / 2 kernels
       // instead of one per kernel (each would take a core from the kernels running on the worker).
-      if (tls_worker_stream < 0 && s.enqueued >= kMaxQueued && s.completed < s.enqueued - kMaxQueued + 1) {
-        need = s.enqueued - kMaxQueued / 2;
+      const uint64_t enqueued = s.launched.load(std::memory_order_relaxed);
+      if (tls_worker_stream < 0 && enqueued >= kMaxQueued && s.completed < enqueued - kMaxQueued + 1) {
+        need = enqueued - kMaxQueued / 2;
       } else {
         w.launch.host_end_ns = now_ns();
         if (tls_worker_stream < 0 && w.launch.host_end_ns - tls_pool_shrunk_ns > kHostReleaseNs) {
@@ -1071,7 +1072,7 @@ uint64_t enqueue(Work w) {
 }
 
 uint64_t stream_enqueued(int device, int stream) {
-  // `launched` is stored with `enqueued`, under the producers' lock: a thread sees at least its own launches.
+  // `launched` is stored under the producers' lock after the position was published: a thread sees at least its own launches.
   return stream_of(device, stream).launched.load(std::memory_order_acquire);
 }
 uint64_t stream_completed(int device, int stream) {

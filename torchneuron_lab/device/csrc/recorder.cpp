@@ -273,7 +273,7 @@ CachedStack& cache_slot(const std::vector<StackFrameRef>& key) {
 }
 }  // namespace
 
-int32_t capture_stack_locked(PyThreadState* ts, std::vector<StackFrameRef>& key);
+int32_t capture_stack_locked(const std::vector<StackFrameRef>& key);
 int32_t capture_stack(size_t max_depth) {
   if (!Py_IsInitialized() || python_finalizing()) return kNoStack;
   PyThreadState* ts = PyGILState_GetThisThreadState();
@@ -283,32 +283,35 @@ int32_t capture_stack(size_t max_depth) {
   maybe_auto_clear_stacks(/*at_sync=*/false);
   static thread_local std::vector<StackFrameRef> key;
   key.resize(std::min(max_depth, kMaxStackDepth));
-  if (python_frames_without_gil() || PyGILState_Check()) {
+  const bool unlocked = python_frames_without_gil() || PyGILState_Check();
+  CachedStack* c = nullptr;
+  if (unlocked) {
     key.resize(python_frames(ts, key.data(), key.size()));
     if (key.empty()) return kNoStack;
     const uint64_t gen = stacks().generation.load(std::memory_order_acquire);
-    const CachedStack& c = cache_slot(key);
-    if (c.gen == gen && c.id >= 0 && StackEq{}(key, c.key)) {
+    c = &cache_slot(key);
+    if (c->gen == gen && c->id >= 0 && StackEq{}(key, c->key)) {
       tls_capture_gen = gen;
-      return c.id;
+      return c->id;
     }
-    PyGILState_STATE g = PyGILState_Ensure();
-    const int32_t id = capture_stack_locked(ts, key);
-    PyGILState_Release(g);
-    return id;
   }
   PyGILState_STATE g = PyGILState_Ensure();
-  key.resize(python_frames(ts, key.data(), key.size()));
-  const int32_t id = key.empty() ? kNoStack : capture_stack_locked(ts, key);
+  if (!unlocked) key.resize(python_frames(ts, key.data(), key.size()));
+  const int32_t id = key.empty() ? kNoStack : capture_stack_locked(key);
   PyGILState_Release(g);
+  if (id >= 0) {
+    if (c == nullptr) c = &cache_slot(key);
+    c->gen = tls_capture_gen;
+    c->id = id;
+    c->key = key;
+  }
   return id;
 }
-// `key`: the thread's frames, read; the caller holds the GIL.
-int32_t capture_stack_locked(PyThreadState* /*ts*/, std::vector<StackFrameRef>& key) {
+// The table's id of `key` (the thread's frames, read), added if new; the caller holds the GIL.
+int32_t capture_stack_locked(const std::vector<StackFrameRef>& key) {
   Stacks& st = stacks();
   std::lock_guard<std::mutex> lock(st.mu);
-  const uint64_t gen = st.generation.load(std::memory_order_relaxed);  // clears bump it under this lock
-  tls_capture_gen = gen;
+  tls_capture_gen = st.generation.load(std::memory_order_relaxed);  // clears bump it under this lock
   auto it = st.ids.find(key);
   int32_t id;
   if (it != st.ids.end()) {
@@ -321,10 +324,6 @@ int32_t capture_stack_locked(PyThreadState* /*ts*/, std::vector<StackFrameRef>& 
     st.by_id.push_back(&ins.first->first);
     st.count.store(st.by_id.size(), std::memory_order_relaxed);
   }
-  CachedStack& c = cache_slot(key);
-  c.gen = gen;
-  c.id = id;
-  c.key = key;
   return id;
 }
 
